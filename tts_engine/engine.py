@@ -1,0 +1,247 @@
+"""TTSEngine: the public entry point. Loads a checkpoint, owns the stages, serves requests.
+
+One request: validate -> (Base) voice prompt from the reference clip -> talker prompt embeddings ->
+Stage 0 (talker on vLLM + code predictor) produces 16-code frames -> Code2Wav decodes them to 24 kHz.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tts_engine import audio as audio_utils
+from tts_engine.hub import resolve_model
+from tts_engine.models.qwen3_tts.codec_decoder import Code2WavDecoder
+from tts_engine.models.qwen3_tts.config import CheckpointError, Qwen3TTSConfig, load_config
+from tts_engine.models.qwen3_tts.prompt import PromptBuilder, PromptInputs, TextEmbedder
+from tts_engine.models.qwen3_tts.sampling import RowSampling
+from tts_engine.models.qwen3_tts.weights import validate_checkpoint_weights
+from tts_engine.request import RequestError, SpeechRequest, SynthesisResult, VoicePrompt
+from tts_engine.stages.talker import TalkerSampling, TalkerStage
+from tts_engine.stages.vllm_bridge import TalkerEngine
+from tts_engine.voice_prompt import VoiceCloner
+
+log = logging.getLogger(__name__)
+SAMPLE_RATE = 24000
+
+
+@dataclass
+class EngineOptions:
+    """Engine knobs; stage configs (configs/*.yaml) and keyword overrides land here."""
+
+    device: str | None = None            # "cuda", "cuda:1", "cpu"; default: cuda if available
+    max_num_seqs: int = 16
+    max_model_len: int = 4096
+    gpu_memory_utilization: float = 0.3
+    kv_cache_gib: float | None = None     # CPU KV cache (VLLM_CPU_KVCACHE_SPACE)
+    enforce_eager: bool | None = None     # default: eager on CPU, CUDA graphs on GPU
+    seed: int = 0
+
+
+class TTSEngine:
+    def __init__(self, config: Qwen3TTSConfig, options: EngineOptions, dtype: torch.dtype):
+        self.config = config
+        self.options = options
+        self.dtype = dtype
+        device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.device = torch.device(device)
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(config.path))
+        max_model_len = options.max_model_len
+        raw = _raw_talker_config(config.path)
+        self.talker_engine = TalkerEngine(
+            config.path, raw, dtype=dtype, device=self.device.type, max_num_seqs=options.max_num_seqs,
+            max_model_len=max_model_len, gpu_memory_utilization=options.gpu_memory_utilization,
+            kv_cache_gib=options.kv_cache_gib,
+            enforce_eager=options.enforce_eager if options.enforce_eager is not None else self.device.type == "cpu",
+            seed=options.seed)
+        model = self.talker_engine.model
+        self.text_embedder = TextEmbedder.from_checkpoint(config, self.device, dtype)
+        embed_tokens = model.model.embed_tokens
+        self.prompts = PromptBuilder(
+            config, lambda s: self.tokenizer(s)["input_ids"], self.text_embedder,
+            codec_embed=embed_tokens,
+            frame_embed=lambda codes: model.code_predictor.embed_codes(codes, embed_tokens.weight))
+        self.decoder = Code2WavDecoder.from_folder(config.path / "speech_tokenizer", device=self.device,
+                                                   dtype=torch.float32)
+        self.cloner = VoiceCloner(config, self.device) if config.model_type == "base" else None
+        self.talker = TalkerStage(self.talker_engine, config, self.device)
+        self._closed = False
+        self._lock = threading.Lock()
+
+    # ---- construction ----------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, model: str | Path, stage_config: str | Path | None = None,
+                        dtype: torch.dtype | str | None = None, **overrides) -> "TTSEngine":
+        """`model`: a local folder or a Hub id. dtype default: bfloat16 on GPU, float32 on CPU."""
+        options = EngineOptions()
+        if stage_config is not None:
+            from tts_engine.config import load_stage_config
+            options = load_stage_config(stage_config).engine_options(options)
+        for key, value in overrides.items():
+            if not hasattr(options, key):
+                raise TypeError(f"unknown engine option {key!r}; known: {sorted(vars(options))}")
+            setattr(options, key, value)
+        folder = resolve_model(model)
+        config = load_config(folder)
+        validate_checkpoint_weights(config)
+        on_gpu = (options.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+        if dtype is None:
+            dtype = torch.bfloat16 if on_gpu else torch.float32
+        elif isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        log.info("loading %s (%s, %s) on %s", folder, config.model_type, config.model_size,
+                 "GPU" if on_gpu else "CPU")
+        return cls(config, options, dtype)
+
+    def close(self) -> None:
+        """Stop the stepping thread and release the vLLM engine (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.talker.close()
+        self.talker_engine.close()
+
+    def __enter__(self) -> "TTSEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- voices ----------------------------------------------------------------------------------
+    def create_voice_prompt(self, ref_audio, ref_text: str | None = None,
+                            x_vector_only: bool = False) -> VoicePrompt:
+        """Clone a voice from a reference clip (Base models), like `create_voice_clone_prompt`."""
+        if self.cloner is None:
+            raise RequestError(f"voice cloning needs a Base checkpoint; this one is {self.config.model_type}")
+        if not x_vector_only and not (ref_text or "").strip():
+            raise RequestError("ref_text is required for ICL voice cloning (or set x_vector_only=True)")
+        return self.cloner.create(ref_audio, ref_text, x_vector_only)
+
+    # ---- synthesis -------------------------------------------------------------------------------
+    def synthesize(self, request: SpeechRequest) -> SynthesisResult:
+        """Run one request to completion (other threads may run theirs concurrently: vLLM batches them)."""
+        prompt_inputs, voice = self._prompt_inputs(request)
+        prompt = self.prompts.build(prompt_inputs)
+        sampling = self._sampling(request)
+        frames: list[torch.Tensor] = []
+        done = threading.Event()
+        outcome: list[str | None] = []
+
+        def on_finish(error: str | None) -> None:
+            outcome.append(error)
+            done.set()
+
+        request_id = uuid.uuid4().hex
+        self.talker.submit(request_id, prompt, sampling, frames.append, on_finish)
+        try:
+            done.wait()
+        except BaseException:
+            self.talker.abort(request_id)
+            raise
+        if outcome[0] is not None:
+            raise RuntimeError(f"synthesis failed: {outcome[0]}")
+        codes = torch.cat(frames).cpu() if frames else torch.zeros(0, 16, dtype=torch.long)
+        return SynthesisResult(audio=self._decode(codes, voice), sample_rate=SAMPLE_RATE,
+                               codes=codes.numpy().astype(np.int64))
+
+    def _decode(self, codes: torch.Tensor, voice: VoicePrompt | None) -> np.ndarray:
+        if codes.shape[0] == 0:
+            return np.zeros(0, dtype=np.float32)
+        ref = voice.ref_codes if voice is not None and not voice.x_vector_only else None
+        if ref is None:
+            return self.decoder.decode(codes.to(self.device)).float().cpu().numpy()
+        # ICL: the reference codes are the decoder's left context; cut their share as the official does.
+        full = torch.cat([ref.to(codes.device), codes])
+        wav = self.decoder.decode(full.to(self.device)).float().cpu().numpy()
+        cut = int(ref.shape[0] / max(full.shape[0], 1) * wav.shape[0])
+        return wav[cut:]
+
+    # ---- validation ------------------------------------------------------------------------------
+    def _prompt_inputs(self, r: SpeechRequest) -> tuple[PromptInputs, VoicePrompt | None]:
+        cfg = self.config
+        if not isinstance(r.text, str) or not r.text.strip():
+            raise RequestError("text is empty")
+        language = (r.language or "auto").strip().lower()
+        if language not in cfg.supported_languages:
+            raise RequestError(f"unsupported language {r.language!r}; supported: {cfg.supported_languages}")
+        speaker = r.speaker.strip().lower() if r.speaker else None
+        instruct = r.instruct if (r.instruct and r.instruct.strip()) else None
+        voice: VoicePrompt | None = None
+        if cfg.model_type == "custom_voice":
+            if speaker is None:
+                raise RequestError(f"speaker is required for a CustomVoice model; choose one of "
+                                   f"{cfg.supported_speakers}")
+            if speaker not in cfg.talker.speakers:
+                raise RequestError(f"unknown speaker {r.speaker!r}; supported: {cfg.supported_speakers}")
+            if r.ref_audio is not None or r.voice is not None:
+                raise RequestError("ref_audio/voice cloning needs a Base checkpoint; this is CustomVoice")
+            if not cfg.supports_instruct:
+                instruct = None  # the official 0.6B CustomVoice ignores instructions
+        elif cfg.model_type == "voice_design":
+            if instruct is None:
+                raise RequestError("instruct is required for a VoiceDesign model (describe the voice)")
+            if speaker is not None or r.ref_audio is not None or r.voice is not None:
+                raise RequestError("a VoiceDesign model takes no speaker or reference audio, only instruct")
+        else:
+            if speaker is not None:
+                raise RequestError(f"unknown speaker {r.speaker!r}: a Base model has no preset speakers; "
+                                   "pass ref_audio (voice cloning) or a voice")
+            instruct = None
+            if r.voice is not None:
+                voice = r.voice
+            elif r.ref_audio is not None:
+                voice = self.create_voice_prompt(r.ref_audio, r.ref_text, r.x_vector_only)
+            else:
+                raise RequestError("a Base model needs ref_audio (with ref_text, or x_vector_only) or a voice")
+        non_streaming = r.non_streaming_mode
+        if non_streaming is None:
+            non_streaming = cfg.model_type != "base"
+        icl = voice is not None and not voice.x_vector_only
+        return PromptInputs(
+            text=r.text, language=language, speaker=speaker, instruct=instruct,
+            speaker_vector=voice.speaker_vector if voice is not None else None,
+            ref_codes=voice.ref_codes if icl else None, ref_text=voice.ref_text if icl else None,
+            non_streaming_mode=non_streaming), voice
+
+    def _sampling(self, r: SpeechRequest) -> TalkerSampling:
+        g = self.config.generation
+
+        def pick(value, default):
+            return default if value is None else value
+
+        max_new = pick(r.max_new_tokens, g.max_new_tokens)
+        temperature, top_k, top_p = pick(r.temperature, g.temperature), pick(r.top_k, g.top_k), pick(r.top_p, g.top_p)
+        penalty = pick(r.repetition_penalty, g.repetition_penalty)
+        sub_t, sub_k = pick(r.subtalker_temperature, g.subtalker_temperature), pick(r.subtalker_top_k, g.subtalker_top_k)
+        sub_p = pick(r.subtalker_top_p, g.subtalker_top_p)
+        checks = [("max_new_tokens", max_new >= 1), ("temperature", temperature > 0), ("top_k", top_k >= 0),
+                  ("top_p", 0 < top_p <= 1), ("repetition_penalty", penalty > 0),
+                  ("subtalker_temperature", sub_t > 0), ("subtalker_top_k", sub_k >= 0),
+                  ("subtalker_top_p", 0 < sub_p <= 1)]
+        for name, ok in checks:
+            if not ok:
+                raise RequestError(f"{name} is out of range")
+        generator = None
+        if r.seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(int(r.seed))
+        return TalkerSampling(
+            greedy=not pick(r.do_sample, g.do_sample), temperature=temperature, top_k=top_k, top_p=top_p,
+            repetition_penalty=penalty, max_new_tokens=max_new, seed=r.seed,
+            subtalker=RowSampling(do_sample=pick(r.subtalker_do_sample, g.subtalker_do_sample),
+                                  temperature=sub_t, top_k=sub_k, top_p=sub_p, generator=generator))
+
+
+def _raw_talker_config(folder: Path) -> dict:
+    from tts_engine.models.qwen3_tts.config import read_json
+    return read_json(folder / "config.json")["talker_config"]
+
+
+__all__ = ["TTSEngine", "EngineOptions", "CheckpointError"]

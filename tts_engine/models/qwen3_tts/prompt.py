@@ -1,0 +1,155 @@
+"""Talker prompt: the prefill embeddings and the per-step trailing text for one request.
+
+The talker reads two tracks summed position by position: a text track (projected text embeddings
+`T(ids)`) and a codec track (`C(ids)`, codec embeddings, plus the speaker vector). The layout below is
+the official one for every mode (CustomVoice speaker + dialect + instruct, VoiceDesign instruct, Base
+x-vector and ICL, `non_streaming_mode` on and off); the fidelity tests pin it to `qwen_tts` 0.1.1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from tts_engine.models.qwen3_tts.config import Qwen3TTSConfig
+from tts_engine.models.qwen3_tts.weights import load_into, read_prefixed
+
+
+class TextEmbedder(nn.Module):
+    """`T(ids)`: the talker's text embedding followed by its 2-layer projection to talker width."""
+
+    def __init__(self, vocab: int, text_hidden: int, intermediate: int, hidden: int):
+        super().__init__()
+        self.text_embedding = nn.Embedding(vocab, text_hidden)
+        self.linear_fc1 = nn.Linear(text_hidden, intermediate, bias=True)
+        self.linear_fc2 = nn.Linear(intermediate, hidden, bias=True)
+
+    @staticmethod
+    def from_checkpoint(config: Qwen3TTSConfig, device: torch.device, dtype: torch.dtype) -> "TextEmbedder":
+        state = read_prefixed(config.path, "talker.text_projection.")
+        embedding = read_prefixed(config.path, "talker.model.text_embedding.")
+        if "weight" in embedding:
+            state["text_embedding.weight"] = embedding["weight"]
+        talker = config.talker
+        fc1 = state.get("linear_fc1.weight")
+        intermediate = fc1.shape[0] if fc1 is not None else talker.text_hidden_size
+        module = TextEmbedder(talker.text_vocab_size, talker.text_hidden_size, intermediate, talker.shape.hidden_size)
+        load_into(module, state, f"{config.path / 'model.safetensors'} (talker text embedding/projection)")
+        return module.to(device=device, dtype=dtype).eval()
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(nn.functional.silu(self.linear_fc1(self.text_embedding(ids))))
+
+
+@dataclass
+class TalkerPrompt:
+    prefill: torch.Tensor    # [L, H] prompt embeddings
+    trailing: torch.Tensor   # [T, H] text added to decode steps 0..T-1; tts_pad afterwards
+    tts_pad: torch.Tensor    # [H]
+
+
+@dataclass
+class PromptInputs:
+    """Everything mode-specific, already validated by the engine."""
+
+    text: str
+    language: str = "auto"             # lower-case; "auto" selects the no-language prefix
+    speaker: str | None = None         # CustomVoice preset
+    instruct: str | None = None
+    speaker_vector: torch.Tensor | None = None   # Base: x-vector [H]
+    ref_codes: torch.Tensor | None = None        # Base ICL: [T, 16]
+    ref_text: str | None = None
+    non_streaming_mode: bool = False
+
+
+def assistant_text(text: str) -> str:
+    return f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def reference_text(text: str) -> str:
+    return f"<|im_start|>assistant\n{text}<|im_end|>\n"
+
+
+def instruct_text(text: str) -> str:
+    return f"<|im_start|>user\n{text}<|im_end|>\n"
+
+
+class PromptBuilder:
+    def __init__(self, config: Qwen3TTSConfig, tokenizer: Callable[[str], list[int]], text: TextEmbedder,
+                 codec_embed: Callable[[torch.Tensor], torch.Tensor],
+                 frame_embed: Callable[[torch.Tensor], torch.Tensor]):
+        """codec_embed(ids [n]) -> [n, H] is C(); frame_embed(codes [T,16]) -> [T, H] sums all codebooks."""
+        self.config = config
+        self.tokenize = tokenizer
+        self.text = text
+        self.codec_embed = codec_embed
+        self.frame_embed = frame_embed
+        self.device = next(text.parameters()).device
+
+    def _ids(self, ids: list[int]) -> torch.Tensor:
+        return torch.tensor(ids, dtype=torch.long, device=self.device)
+
+    def language_id(self, language: str, speaker: str | None) -> int | None:
+        talker = self.config.talker
+        lang_id = None if language == "auto" else talker.languages[language]
+        dialect = talker.speaker_dialect.get(speaker) if speaker else None
+        if dialect is not None and language in ("chinese", "auto"):
+            lang_id = talker.languages[dialect]
+        return lang_id
+
+    @torch.inference_mode()
+    def build(self, p: PromptInputs) -> TalkerPrompt:
+        cfg, codec = self.config, self.config.talker.codec
+        T, C = self.text, lambda ids: self.codec_embed(self._ids(ids))
+        tok = cfg.tokens
+        tts_bos, tts_eos, tts_pad = T(self._ids([tok.tts_bos, tok.tts_eos, tok.tts_pad])).unbind(0)
+        ids = self.tokenize(assistant_text(p.text))
+
+        parts: list[torch.Tensor] = []
+        if p.instruct:
+            parts.append(T(self._ids(self.tokenize(instruct_text(p.instruct)))))
+        parts.append(T(self._ids(ids[:3])))
+
+        lang = self.language_id(p.language, p.speaker)
+        prefix = [codec.nothink, codec.think_bos, codec.think_eos] if lang is None else \
+            [codec.think, codec.think_bos, lang, codec.think_eos]
+        codec_track = [C(prefix)]
+        if p.speaker:
+            codec_track.append(C(cfg.talker.speakers[p.speaker]).reshape(1, -1))
+        elif p.speaker_vector is not None:
+            codec_track.append(p.speaker_vector.to(self.device, tts_pad.dtype).reshape(1, -1))
+        codec_track.append(C([codec.pad, codec.bos]))
+        codec_in = torch.cat(codec_track)
+        text_track = torch.cat([tts_pad.expand(codec_in.shape[0] - 2, -1), tts_bos[None]])
+        parts.append(text_track + codec_in[:-1])
+        codec_bos = codec_in[-1:]
+
+        body = ids[3:-5]
+        if p.ref_codes is not None:
+            ref_ids = self.tokenize(reference_text(p.ref_text or ""))[3:-2]
+            text_embed = torch.cat([T(self._ids(ref_ids + body)), tts_eos[None]])
+            codec_embed = torch.cat([codec_bos, self.frame_embed(p.ref_codes.to(self.device))])
+            n_text, n_codec = text_embed.shape[0], codec_embed.shape[0]
+            if p.non_streaming_mode:
+                parts.append(text_embed + C([codec.pad] * n_text))
+                parts.append(codec_embed + tts_pad)
+                trailing = tts_pad[None]
+            elif n_text > n_codec:
+                parts.append(text_embed[:n_codec] + codec_embed)
+                trailing = text_embed[n_codec:]
+            else:
+                pad = tts_pad.expand(n_codec - n_text, -1)
+                parts.append(torch.cat([text_embed, pad]) + codec_embed)
+                trailing = tts_pad[None]
+        elif p.non_streaming_mode:
+            parts.append(torch.cat([T(self._ids(body)), tts_eos[None]]) + C([codec.pad] * (len(body) + 1)))
+            parts.append(tts_pad[None] + codec_bos)
+            trailing = tts_pad[None]
+        else:
+            parts.append(T(self._ids(ids[3:4])) + codec_bos)
+            trailing = torch.cat([T(self._ids(ids[4:-5])), tts_eos[None]])
+        return TalkerPrompt(prefill=torch.cat(parts), trailing=trailing, tts_pad=tts_pad)
