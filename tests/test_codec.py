@@ -25,6 +25,16 @@ SPF = 1920  # samples per frame
 TOL = 1e-4
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """These tests run hundreds of tiny ops; on a small shared CPU, OpenMP threads spinning against
+    other processes make them 10-50x slower. One thread for this module, restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def codec_dir(tmp_path_factory) -> Path:
     return write_tiny_speech_tokenizer(tmp_path_factory.mktemp("tiny") / "speech_tokenizer", seed=0)
@@ -150,7 +160,7 @@ def stream(decoder: Code2WavDecoder, codes: torch.Tensor, first: int, size: int)
 
 @pytest.fixture(scope="session")
 def stream_codes(decoder):
-    codes = random_codes(110, seed=4)
+    codes = random_codes(90, seed=4)  # > the 72-frame window: the key/value cache must roll over
     return codes, decoder.decode_full(codes)
 
 
@@ -197,9 +207,9 @@ def test_decode_step_rejects_bad_shapes(decoder):
 def test_chunked_decode_streaming_lengths_and_official_parity(official, decoder, stream_codes):
     codes, full = stream_codes
     chunks = list(decoder.chunked_decode_streaming(codes, chunk_size=25, left_context_size=25))
-    assert [c.shape[0] // SPF for c in chunks] == [25, 25, 25, 25, 10]
+    assert [c.shape[0] // SPF for c in chunks] == [25, 25, 25, 15]
     approx = torch.cat(chunks)
-    assert approx.shape == full.shape == (110 * SPF,)
+    assert approx.shape == full.shape == (90 * SPF,)
     # It is the official windowing algorithm with a 25/25 window ...
     with torch.inference_mode():
         ref = official.model.decoder.chunked_decode(codes.T[None], chunk_size=25, left_context_size=25)[0, 0]
@@ -210,7 +220,7 @@ def test_chunked_decode_streaming_lengths_and_official_parity(official, decoder,
     assert diff > 1e-3
 
     first = list(decoder.chunked_decode_streaming(codes, chunk_size=25, left_context_size=25, first_chunk_size=1))
-    assert [c.shape[0] // SPF for c in first] == [1, 25, 25, 25, 25, 9]
+    assert [c.shape[0] // SPF for c in first] == [1, 25, 25, 25, 14]
     assert torch.equal(first[0], full[:SPF]) or max_diff(first[0], full[:SPF]) <= TOL  # no context needed at t=0
 
 
@@ -310,7 +320,7 @@ def test_decoder_config_not_matching_weights(tmp_path, codec_dir):
     cfg["decoder_config"]["num_hidden_layers"] = 3
     cfg["decoder_config"]["latent_dim"] = 48
     (folder / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(ValueError, match=r"missing: decoder\.pre_transformer\.layers\.2.*shape-mismatched"):
+    with pytest.raises(ValueError, match=r"(?s)missing: decoder\.pre_transformer\.layers\.2.*shape-mismatched"):
         Code2WavDecoder.from_folder(folder)
 
 

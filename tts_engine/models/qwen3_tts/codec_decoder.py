@@ -376,7 +376,7 @@ class SlidingWindowAttention(_Stateful):
             cache = st.read(self.slot)
             k = torch.cat([cache[:, 0], k], dim=2)
             v = torch.cat([cache[:, 1], v], dim=2)
-            keep = k.shape[2] - self.cache_len
+            keep = k.shape[2] - self.cache_len + 1 if k.shape[2] > self.cache_len else 0
             st.write(self.slot, torch.stack([k[:, :, keep:], v[:, :, keep:]], dim=1))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.kv_heads != self.heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))

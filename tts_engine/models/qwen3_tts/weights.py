@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from tts_engine.models.qwen3_tts.config import CheckpointError
@@ -25,7 +25,7 @@ def read_prefixed(folder: Path, prefix: str) -> dict[str, torch.Tensor]:
         with safe_open(str(path), framework="pt") as handle:
             return {name[len(prefix):]: handle.get_tensor(name)
                     for name in handle.keys() if name.startswith(prefix)}
-    except (OSError, RuntimeError, ValueError) as exc:
+    except (OSError, RuntimeError, ValueError, SafetensorError) as exc:
         raise CheckpointError(f"{path}: unreadable safetensors file: {exc}") from exc
 
 
@@ -91,7 +91,7 @@ def validate_checkpoint_weights(config) -> None:
     try:
         with safe_open(str(path), framework="pt") as handle:
             found = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}
-    except (OSError, RuntimeError, ValueError) as exc:
+    except (OSError, RuntimeError, ValueError, SafetensorError) as exc:
         raise CheckpointError(f"{path}: unreadable safetensors file: {exc}") from exc
     expected = _expected_talker_shapes(config)
     missing = sorted(k for k in expected if k not in found)
