@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -228,17 +227,12 @@ def test_chunked_decode_streaming_lengths_and_official_parity(official, decoder,
 
 
 @pytest.fixture(scope="session")
-def speech_24k(tmp_path_factory) -> np.ndarray:
-    """A real speech clip: espeak-ng (22.05 kHz) resampled to 24 kHz with librosa, as the reference does."""
+def speech_24k(reference_clip: Path) -> np.ndarray:
+    """A real speech clip (conftest: espeak-ng, 22.05 kHz) resampled to 24 kHz with librosa, as the
+    reference wrapper does."""
     import librosa
 
-    espeak = shutil.which("espeak-ng")
-    if espeak is None:
-        pytest.skip("espeak-ng is not installed (apt-get install espeak-ng)")
-    path = tmp_path_factory.mktemp("speech") / "clip.wav"
-    text = "The quick brown fox jumps over the lazy dog. Streaming speech must start fast."
-    subprocess.run([espeak, "-w", str(path), text], check=True, capture_output=True)
-    wav, sr = librosa.load(str(path), sr=None, mono=True)
+    wav, sr = librosa.load(str(reference_clip), sr=None, mono=True)
     assert sr != 24000 and wav.size > 2 * sr  # a real resample of a multi-second clip
     return librosa.resample(wav, orig_sr=sr, target_sr=24000).astype(np.float32)
 
@@ -331,3 +325,33 @@ def test_encoder_weight_mismatch_is_listed(tmp_path, codec_dir):
     (folder / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match=r"missing: encoder\.encoder_transformer\.layers\.1"):
         ReferenceAudioEncoder.from_folder(folder)
+
+
+# ---- the released decoder's shape ----------------------------------------------------------------
+
+RELEASED_DECODER_CONFIG = {  # speech_tokenizer/config.json -> decoder_config of the released models
+    "attention_bias": False, "latent_dim": 1024, "codebook_dim": 512, "codebook_size": 2048,
+    "decoder_dim": 1536, "hidden_act": "silu", "hidden_size": 512, "intermediate_size": 1024,
+    "layer_scale_initial_scale": 0.01, "max_position_embeddings": 8000, "head_dim": 64,
+    "num_attention_heads": 16, "num_hidden_layers": 8, "num_key_value_heads": 16, "num_quantizers": 16,
+    "num_semantic_quantizers": 1, "rms_norm_eps": 1e-05, "rope_theta": 10000, "semantic_codebook_size": 4096,
+    "sliding_window": 72, "upsample_rates": [8, 5, 4, 3], "upsampling_ratios": [2, 2],
+    "vector_quantization_hidden_dimension": 512,
+}  # fmt: skip
+
+
+def test_released_config_builds_the_official_parameter_layout():
+    """At full size (on the meta device: no memory, no time) our module has exactly the official
+    decoder's parameter names and shapes, minus the two unused encoder-side projections."""
+    from qwen_tts.core.tokenizer_12hz.configuration_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2DecoderConfig
+    from qwen_tts.core.tokenizer_12hz.modeling_qwen3_tts_tokenizer_v2 import Qwen3TTSTokenizerV2Decoder
+
+    from tts_engine.models.qwen3_tts.codec_decoder import UNUSED_WEIGHTS, Code2WavConfig
+
+    with torch.device("meta"):
+        ours = Code2WavDecoder(Code2WavConfig.from_dict(RELEASED_DECODER_CONFIG))
+        ref = Qwen3TTSTokenizerV2Decoder(Qwen3TTSTokenizerV2DecoderConfig(**RELEASED_DECODER_CONFIG))
+    ref_shapes = {k: v.shape for k, v in ref.state_dict().items() if k not in UNUSED_WEIGHTS}
+    assert {k: v.shape for k, v in ours.state_dict().items()} == ref_shapes
+    assert ours.samples_per_frame == 1920
+    assert 110e6 < sum(p.numel() for p in ours.parameters()) < 120e6  # 114.3M (reference doc 1.5)

@@ -6,9 +6,13 @@ Stage 0 (talker on vLLM + code predictor) produces 16-code frames -> Code2Wav de
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
+import queue
 import threading
 import uuid
+from typing import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +29,10 @@ from tts_engine.models.qwen3_tts.weights import validate_checkpoint_weights
 from tts_engine.request import RequestError, SpeechRequest, SynthesisResult, VoicePrompt
 from tts_engine.stages.talker import TalkerSampling, TalkerStage
 from tts_engine.stages.vllm_bridge import TalkerEngine
+from tts_engine.config import DecoderStageConfig, StageConfig, TalkerStageConfig
+from tts_engine.processors.qwen3_tts import ChunkConnector, talker2code2wav_async_chunk
+from tts_engine.stages.decoder import AsyncDecodingPipeline
+from tts_engine.streaming import Job, RequestMetrics, StreamFailed, StreamingChunkOutput
 from tts_engine.voice_prompt import VoiceCloner
 
 log = logging.getLogger(__name__)
@@ -42,6 +50,7 @@ class EngineOptions:
     kv_cache_gib: float | None = None     # CPU KV cache (VLLM_CPU_KVCACHE_SPACE)
     enforce_eager: bool | None = None     # default: eager on CPU, CUDA graphs on GPU
     seed: int = 0
+    stage_config: "StageConfig | None" = None   # processors, chunking, Stage 1 device, sampling defaults
 
 
 class TTSEngine:
@@ -69,12 +78,21 @@ class TTSEngine:
             config, lambda s: self.tokenizer(s)["input_ids"], self.text_embedder,
             codec_embed=embed_tokens,
             frame_embed=lambda codes: model.code_predictor.embed_codes(codes, embed_tokens.weight))
-        self.decoder = Code2WavDecoder.from_folder(config.path / "speech_tokenizer", device=self.device,
+        stages = options.stage_config or default_stage_config()
+        self.stage_config = stages
+        d = stages.decoder
+        self.decoder_device = self.device if d.device == "auto" else torch.device(d.device)
+        self.decoder = Code2WavDecoder.from_folder(config.path / "speech_tokenizer", device=self.decoder_device,
                                                    dtype=torch.float32)
         self.cloner = VoiceCloner(config, self.device) if config.model_type == "base" else None
+        self.connector = ChunkConnector(chunk_size=d.chunk_size, left_context_size=d.left_context_size,
+                                        initial_chunk_size=d.initial_chunk_size)
+        self.pipeline = AsyncDecodingPipeline(self.decoder, self.decoder_device, mode=d.decode_mode,
+                                              max_batch_size=d.max_batch_size, left_context_size=d.left_context_size)
         self.talker = TalkerStage(self.talker_engine, config, self.device)
+        self._jobs: dict[str, Job] = {}
+        self._jobs_lock = threading.Lock()
         self._closed = False
-        self._lock = threading.Lock()
 
     # ---- construction ----------------------------------------------------------------------------
     @classmethod
@@ -107,6 +125,7 @@ class TTSEngine:
             return
         self._closed = True
         self.talker.close()
+        self.pipeline.close()
         self.talker_engine.close()
 
     def __enter__(self) -> "TTSEngine":
@@ -126,43 +145,114 @@ class TTSEngine:
         return self.cloner.create(ref_audio, ref_text, x_vector_only)
 
     # ---- synthesis -------------------------------------------------------------------------------
-    def synthesize(self, request: SpeechRequest) -> SynthesisResult:
-        """Run one request to completion (other threads may run theirs concurrently: vLLM batches them)."""
+    def _submit(self, request: SpeechRequest, deliver, request_id: str | None = None) -> tuple[Job, VoicePrompt | None]:
+        """Validate, build the prompt and start both stages; outputs go to `deliver` (any thread)."""
+        if self._closed:
+            raise RuntimeError("the engine is closed")
         prompt_inputs, voice = self._prompt_inputs(request)
         prompt = self.prompts.build(prompt_inputs)
         sampling = self._sampling(request)
-        frames: list[torch.Tensor] = []
-        done = threading.Event()
-        outcome: list[str | None] = []
+        request_id = request_id or uuid.uuid4().hex
+        processor = self.stage_config.talker.processor
+        job = Job(request_id, processor, self.connector, self.pipeline, deliver, self._job_done, self.decoder_device)
+        with self._jobs_lock:
+            if request_id in self._jobs:
+                raise RequestError(f"request id {request_id!r} is already running")
+            self._jobs[request_id] = job
+        self.pipeline.open(request_id, job.on_output, context_codes=prompt_inputs.ref_codes)
+        self.talker.submit(request_id, prompt, sampling, job.on_frames, job.on_finish)
+        return job, voice
 
-        def on_finish(error: str | None) -> None:
-            outcome.append(error)
-            done.set()
+    def _job_done(self, request_id: str) -> None:
+        with self._jobs_lock:
+            self._jobs.pop(request_id, None)
 
-        request_id = uuid.uuid4().hex
-        self.talker.submit(request_id, prompt, sampling, frames.append, on_finish)
+    async def generate(self, request: SpeechRequest, request_id: str | None = None
+                       ) -> AsyncIterator[StreamingChunkOutput]:
+        """Stream a request: delta PCM chunks as Stage 1 produces them, the last with `metrics`.
+
+        Closing or cancelling the iterator aborts the request in both stages.
+        """
+        loop = asyncio.get_running_loop()
+        inbox: asyncio.Queue = asyncio.Queue()
+        job, _ = await loop.run_in_executor(
+            None, self._submit, request, lambda item: loop.call_soon_threadsafe(inbox.put_nowait, item), request_id)
+        finished = False
         try:
-            done.wait()
-        except BaseException:
-            self.talker.abort(request_id)
-            raise
-        if outcome[0] is not None:
-            raise RuntimeError(f"synthesis failed: {outcome[0]}")
-        codes = torch.cat(frames).cpu() if frames else torch.zeros(0, 16, dtype=torch.long)
-        return SynthesisResult(audio=self._decode(codes, voice), sample_rate=SAMPLE_RATE,
-                               codes=codes.numpy().astype(np.int64))
+            while True:
+                item = await inbox.get()
+                if isinstance(item, Exception):
+                    finished = True
+                    raise item
+                finished = item.is_finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not finished:
+                self.abort(job.request_id)
 
-    def _decode(self, codes: torch.Tensor, voice: VoicePrompt | None) -> np.ndarray:
-        if codes.shape[0] == 0:
-            return np.zeros(0, dtype=np.float32)
-        ref = voice.ref_codes if voice is not None and not voice.x_vector_only else None
-        if ref is None:
-            return self.decoder.decode(codes.to(self.device)).float().cpu().numpy()
-        # ICL: the reference codes are the decoder's left context; cut their share as the official does.
-        full = torch.cat([ref.to(codes.device), codes])
-        wav = self.decoder.decode(full.to(self.device)).float().cpu().numpy()
-        cut = int(ref.shape[0] / max(full.shape[0], 1) * wav.shape[0])
-        return wav[cut:]
+    def abort(self, request_id: str) -> None:
+        """Stop a request in both stages and free its buffers (returns at once; see `drain`)."""
+        with self._jobs_lock:
+            job = self._jobs.pop(request_id, None)
+        if job is not None:
+            job.closed = True
+        self.talker.abort(request_id)
+        self.pipeline.abort(request_id)
+
+    def drain(self, timeout: float = 30.0) -> None:
+        """Wait until both stage threads have handled every command sent before this call."""
+        self.talker.barrier(timeout)
+        self.pipeline.barrier(timeout)
+
+    def debug_state(self) -> dict[str, set[str]]:
+        """Per-request state still held by each part of the engine (for tests and diagnostics)."""
+        return {
+            "jobs": set(self._jobs), "stage0": set(self.talker.active_request_ids),
+            "vllm": set(self.talker_engine.unfinished_request_ids()),
+            "connector": self.connector.active_request_ids(), "stage1": self.pipeline.active_request_ids,
+        }
+
+    def synthesize(self, request: SpeechRequest) -> SynthesisResult:
+        """Run one request to completion and return all of it (the concatenated stream).
+
+        Several threads may call this at once; vLLM batches their talker steps.
+        """
+        inbox: queue.Queue = queue.Queue()
+        job, voice = self._submit(request, inbox.put)
+        chunks: list[StreamingChunkOutput] = []
+        try:
+            while True:
+                item = inbox.get()
+                if isinstance(item, Exception):
+                    raise item
+                chunks.append(item)
+                if item.is_finished:
+                    break
+        except BaseException:
+            self.abort(job.request_id)
+            raise
+        audio = np.concatenate([c.audio for c in chunks]) if chunks else np.zeros(0, np.float32)
+        codes = [c.codec_codes for c in chunks if c.codec_codes is not None and len(c.codec_codes)]
+        all_codes = np.concatenate(codes) if codes else np.zeros((0, 16), np.int64)
+        audio = self._official_icl_cut(audio, voice, all_codes.shape[0])
+        self.last_metrics = chunks[-1].metrics if chunks else None
+        return SynthesisResult(audio=audio, sample_rate=SAMPLE_RATE, codes=all_codes)
+
+    def _official_icl_cut(self, audio: np.ndarray, voice: VoicePrompt | None, frames: int) -> np.ndarray:
+        """The official ICL decode cuts `int(ref/total * len)` samples of reference audio, which float
+        rounding sometimes makes one sample short of the reference part; mirror that here."""
+        if voice is None or voice.x_vector_only or voice.ref_codes is None or frames == 0:
+            return audio
+        ref = voice.ref_codes.shape[0]
+        total = ref + frames
+        hop = self.decoder.samples_per_frame
+        missing = ref * hop - int(ref / total * (total * hop))
+        if missing <= 0:
+            return audio
+        tail = self.decoder.decode_full(voice.ref_codes.to(self.decoder_device))[-missing:]
+        return np.concatenate([tail.float().cpu().numpy(), audio])
 
     # ---- validation ------------------------------------------------------------------------------
     def _prompt_inputs(self, r: SpeechRequest) -> tuple[PromptInputs, VoicePrompt | None]:
@@ -212,7 +302,15 @@ class TTSEngine:
             non_streaming_mode=non_streaming), voice
 
     def _sampling(self, r: SpeechRequest) -> TalkerSampling:
+        """Request value, else the stage config's default_sampling_params, else generation_config.json."""
         g = self.config.generation
+        stage = self.stage_config.talker.sampling
+        fields = dict(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_k=g.top_k, top_p=g.top_p,
+                      repetition_penalty=g.repetition_penalty, do_sample=g.do_sample,
+                      subtalker_do_sample=g.subtalker_do_sample, subtalker_temperature=g.subtalker_temperature,
+                      subtalker_top_k=g.subtalker_top_k, subtalker_top_p=g.subtalker_top_p, seed=None)
+        defaults = {k: stage.get(k, v) for k, v in fields.items()}
+        r = dataclasses.replace(r, **{k: defaults[k] for k in fields if getattr(r, k) is None})
 
         def pick(value, default):
             return default if value is None else value
@@ -237,6 +335,12 @@ class TTSEngine:
             repetition_penalty=penalty, max_new_tokens=max_new, seed=r.seed,
             subtalker=RowSampling(do_sample=pick(r.subtalker_do_sample, g.subtalker_do_sample),
                                   temperature=sub_t, top_k=sub_k, top_p=sub_p, generator=generator))
+
+
+def default_stage_config() -> StageConfig:
+    """What configs/qwen3_tts.yaml says: async_chunk streaming, exact decoding, first chunk of 1 frame."""
+    return StageConfig(path=None, async_chunk=True, model=None,
+                       talker=TalkerStageConfig(processor=talker2code2wav_async_chunk), decoder=DecoderStageConfig())
 
 
 def _raw_talker_config(folder: Path) -> dict:

@@ -88,6 +88,13 @@ class TalkerStage:
     def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
 
+    def barrier(self, timeout: float = 30.0) -> None:
+        """Return once every command sent before this call has been handled."""
+        done = threading.Event()
+        self._commands.put(("barrier", done))
+        if not done.wait(timeout):
+            raise TimeoutError("Stage 0 did not reach the barrier")
+
     def close(self) -> None:
         self._stop.set()
         self._commands.put(("wake", None))
@@ -139,6 +146,8 @@ class TalkerStage:
                 return
             self._by_internal[state.internal_id] = state
             self._by_id[state.request_id] = state
+        elif cmd == "barrier":
+            arg.set()
         elif cmd == "abort":
             state = self._by_id.get(arg)
             if state is not None:

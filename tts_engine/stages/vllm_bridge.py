@@ -238,6 +238,12 @@ class TalkerEngine:
             outputs.append(StepOutput(out.request_id, out.finished, reason))
         return outputs
 
+    def unfinished_request_ids(self) -> list[str]:
+        """External ids of requests vLLM still tracks (scheduler and output processor)."""
+        core = self.engine.engine_core.engine_core
+        ids = set(core.scheduler.requests) | set(self.engine.output_processor.request_states)
+        return sorted({rid.rsplit("-", 1)[0] if rid.count("-") else rid for rid in ids})
+
     def has_unfinished(self) -> bool:
         return self.engine.has_unfinished_requests()
 

@@ -8,7 +8,7 @@ Pipeline per frame (all strictly causal, no look-ahead):
   -> 2 x [transposed conv x2 + ConvNeXt] (12.5 -> 50 Hz) -> conv k7 -> 4 x [SnakeBeta, transposed
   conv x r, 3 dilated residual units] (r = 8,5,4,3) -> SnakeBeta -> conv k7 -> clamp(-1, 1).
 
-Design: ONE forward path, `_forward(codes, state)`. Every layer that looks back in time (causal
+Design: ONE forward path, `_run(codes, state)`. Every layer that looks back in time (causal
 convolutions, transposed convolutions, sliding-window attention) reads its left context from a
 `DecoderStreamState` and writes back the context the next chunk will need. A fresh state holds zeros,
 which is exactly the zero padding the reference applies at the start of a sequence (and masked-out
@@ -39,6 +39,56 @@ WEIGHTS_FILE = "model.safetensors"
 WEIGHT_PREFIX = "decoder."
 # Encoder-side projections of the split RVQ, stored in the checkpoint but never used when decoding.
 UNUSED_WEIGHTS = ("quantizer.rvq_first.input_proj.weight", "quantizer.rvq_rest.input_proj.weight")
+
+
+# --------------------------------------------------------------------------------------------------
+# Folder reading (shared with codec_encoder.py)
+# --------------------------------------------------------------------------------------------------
+
+
+def read_tokenizer_config(folder: str | Path) -> tuple[dict[str, Any], Path]:
+    """Read `folder/config.json` of an official speech-tokenizer folder; returns (dict, path)."""
+    path = Path(folder) / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: not found (a speech_tokenizer folder holds config.json)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: malformed JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a JSON object")
+    return data, path
+
+
+def read_prefixed_weights(folder: str | Path, prefix: str) -> tuple[dict[str, Tensor], Path]:
+    """Load only the tensors named `prefix*` from `folder/model.safetensors` (prefix stripped), so the
+    decoder does not read the encoder's weights and vice versa."""
+    from safetensors import safe_open
+
+    path = Path(folder) / WEIGHTS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: not found (a speech_tokenizer folder holds model.safetensors)")
+    with safe_open(str(path), framework="pt", device="cpu") as f:
+        weights = {k[len(prefix) :]: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}  # noqa: SIM118
+    return weights, path
+
+
+def check_weights(expected: dict[str, torch.Size], weights: dict[str, Tensor], prefix: str, source: str) -> None:
+    """Raise one ValueError listing every missing, unexpected and shape-mismatched tensor."""
+    missing = sorted(set(expected) - set(weights))
+    unexpected = sorted(set(weights) - set(expected))
+    wrong = sorted(
+        f"{k}: checkpoint {tuple(weights[k].shape)} vs model {tuple(expected[k])}"
+        for k in set(weights) & set(expected)
+        if weights[k].shape != expected[k]
+    )
+    report = "".join(
+        f"\n  {len(items)} {title}: " + ", ".join(prefix + i for i in items[:12]) + (" ..." if len(items) > 12 else "")
+        for title, items in (("missing", missing), ("unexpected", unexpected), ("shape-mismatched", wrong))
+        if items
+    )
+    if report:
+        raise ValueError(f"{source}: {prefix}* weights do not match the config{report}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -84,7 +134,7 @@ class Code2WavConfig:
         return math.prod(self.upsample_rates) * math.prod(self.upsampling_ratios)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], source: str = "decoder_config") -> "Code2WavConfig":
+    def from_dict(cls, d: dict[str, Any], source: str = "decoder_config") -> Code2WavConfig:
         """Build from a `decoder_config` dict, validating what would otherwise fail deep inside torch."""
         known = {f.name for f in fields(cls)}
         kwargs = {k: (tuple(v) if isinstance(v, list) else v) for k, v in d.items() if k in known}
@@ -110,16 +160,10 @@ class Code2WavConfig:
         return cfg
 
     @classmethod
-    def from_folder(cls, folder: str | Path) -> "Code2WavConfig":
+    def from_folder(cls, folder: str | Path) -> Code2WavConfig:
         """Read `folder/config.json` (official speech-tokenizer config) and parse its `decoder_config`."""
-        path = Path(folder) / CONFIG_FILE
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: not found (a speech_tokenizer folder holds config.json)")
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{path}: malformed JSON: {exc}") from exc
-        decoder = data.get("decoder_config") if isinstance(data, dict) else None
+        data, path = read_tokenizer_config(folder)
+        decoder = data.get("decoder_config")
         if not isinstance(decoder, dict):
             raise ValueError(f"{path}: key 'decoder_config' is missing or not an object")
         return cls.from_dict(decoder, source=f"{path}: decoder_config")
@@ -148,14 +192,14 @@ class DecoderStreamState:
         return self.positions.shape[0]
 
     @staticmethod
-    def cat(states: Sequence["DecoderStreamState"]) -> "DecoderStreamState":
+    def cat(states: Sequence[DecoderStreamState]) -> DecoderStreamState:
         """Stack several states along the batch dimension (for one batched `decode_step`)."""
         return DecoderStreamState(
             buffers=[torch.cat(group) for group in zip(*(s.buffers for s in states))],
             positions=torch.cat([s.positions for s in states]),
         )
 
-    def assign_split(self, states: Sequence["DecoderStreamState"]) -> None:
+    def assign_split(self, states: Sequence[DecoderStreamState]) -> None:
         """Write this batched state back into `states` (the inverse of `cat`), in place."""
         start = 0
         for s in states:
@@ -376,7 +420,7 @@ class SlidingWindowAttention(_Stateful):
             cache = st.read(self.slot)
             k = torch.cat([cache[:, 0], k], dim=2)
             v = torch.cat([cache[:, 1], v], dim=2)
-            keep = k.shape[2] - self.cache_len + 1 if k.shape[2] > self.cache_len else 0
+            keep = k.shape[2] - self.cache_len
             st.write(self.slot, torch.stack([k[:, :, keep:], v[:, :, keep:]], dim=1))
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.kv_heads != self.heads)
         return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
@@ -422,9 +466,19 @@ class PreTransformer(nn.Module):
         self.layers = nn.ModuleList([TransformerLayer(cfg) for _ in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.output_proj = nn.Linear(cfg.hidden_size, cfg.latent_dim)
-        dim = cfg.attn_head_dim
-        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.rope_theta, self.rope_dim = cfg.rope_theta, cfg.attn_head_dim
+        self.register_buffer("inv_freq", self._inv_freq(torch.device("cpu")), persistent=False)
+
+    def _inv_freq(self, device: torch.device) -> Tensor:
+        dim = self.rope_dim
+        return 1.0 / (self.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim))
+
+    def _apply(self, fn, recurse: bool = True):  # type: ignore[override]
+        """Keep the RoPE frequencies in float32 when the model is cast (e.g. to bf16), as the reference
+        does (its inv_freq is created in float32 and never cast)."""
+        super()._apply(fn, recurse)
+        self.inv_freq = self._inv_freq(self.inv_freq.device)
+        return self
 
     def forward(self, x: Tensor, st: _StepState) -> Tensor:
         """x: [B, n, latent]; frame i of row b sits at absolute position st.positions[b] + i."""
@@ -432,7 +486,7 @@ class PreTransformer(nn.Module):
         steps = torch.arange(n, device=x.device)
         q_pos = st.positions[:, None] + steps  # [B, n]
         # RoPE tables in float32 (the reference forces fp32 here too), then cast to the model dtype.
-        freqs = q_pos[..., None].float() * self.inv_freq.float()
+        freqs = q_pos[..., None].float() * self.inv_freq
         emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # [B, 1, n, head_dim]
         rope = (emb.cos().to(x.dtype), emb.sin().to(x.dtype))
         # Keys: window-1 cached slots, then the n new frames.
@@ -536,44 +590,22 @@ class Code2WavDecoder(nn.Module):
     @classmethod
     def from_folder(
         cls, path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
-    ) -> "Code2WavDecoder":
-        """Load from an official `speech_tokenizer/` folder (config.json + model.safetensors)."""
-        from safetensors import safe_open
+    ) -> Code2WavDecoder:
+        """Load from an official `speech_tokenizer/` folder (config.json + model.safetensors).
 
-        folder = Path(path)
-        cfg = Code2WavConfig.from_folder(folder)
-        weights_path = folder / WEIGHTS_FILE
-        if not weights_path.is_file():
-            raise FileNotFoundError(f"{weights_path}: not found (a speech_tokenizer folder holds model.safetensors)")
-        with safe_open(str(weights_path), framework="pt", device="cpu") as f:
-            weights = {k[len(WEIGHT_PREFIX) :]: f.get_tensor(k) for k in f.keys() if k.startswith(WEIGHT_PREFIX)}
+        float32 is the supported precision (the parity target); bf16 runs but is audibly lossy, and
+        then chunkings differ by rounding, not by 1e-4.
+        """
+        cfg = Code2WavConfig.from_folder(path)
+        weights, weights_path = read_prefixed_weights(path, WEIGHT_PREFIX)
         model = cls(cfg)
         model.load_checkpoint_weights(weights, source=str(weights_path))
         return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
     def load_checkpoint_weights(self, weights: dict[str, Tensor], source: str = "weights") -> None:
         """Load official `decoder.*` tensors (prefix stripped); every mismatch is listed in one error."""
-        expected = {k: v.shape for k, v in self.state_dict().items()}
         weights = {k: v for k, v in weights.items() if k not in UNUSED_WEIGHTS}
-        missing = sorted(set(expected) - set(weights))
-        unexpected = sorted(set(weights) - set(expected))
-        wrong = sorted(
-            f"{k}: checkpoint {tuple(weights[k].shape)} vs model {tuple(expected[k])}"
-            for k in set(weights) & set(expected)
-            if weights[k].shape != expected[k]
-        )
-        if missing or unexpected or wrong:
-
-            def show(title: str, items: list[str]) -> str:
-                head = ", ".join(WEIGHT_PREFIX + i for i in items[:12])
-                return f"\n  {len(items)} {title}: {head}{' ...' if len(items) > 12 else ''}" if items else ""
-
-            raise ValueError(
-                f"{source}: decoder weights do not match decoder_config"
-                + show("missing", missing)
-                + show("unexpected", unexpected)
-                + show("shape-mismatched", wrong)
-            )
+        check_weights({k: v.shape for k, v in self.state_dict().items()}, weights, WEIGHT_PREFIX, source)
         self.load_state_dict(weights, strict=True)
         self.quantizer.refresh_codebooks()
 
@@ -588,9 +620,7 @@ class Code2WavDecoder(nn.Module):
         )
 
     @torch.inference_mode()
-    def decode_step(
-        self, state: DecoderStreamState | Sequence[DecoderStreamState], new_codes: Tensor
-    ) -> Tensor:
+    def decode_step(self, state: DecoderStreamState | Sequence[DecoderStreamState], new_codes: Tensor) -> Tensor:
         """Exact streaming: decode the next frames of one or more streams, updating their state in place.
 
         new_codes: [n, Q] for a single 1-stream state (returns [n * samples_per_frame]), or [B, n, Q]
@@ -628,7 +658,10 @@ class Code2WavDecoder(nn.Module):
         whose samples are dropped. Negative codes (the reference's batch padding, -1) are clamped to 0
         like the reference; trim such rows to their real length yourself.
         """
-        return torch.cat(list(self._windowed(codes.clamp(min=0), chunk_size, left_context_size)), dim=-1)
+        chunks = list(self._windowed(codes.clamp(min=0), chunk_size, left_context_size))
+        if not chunks:  # zero frames
+            return torch.zeros(*codes.shape[:-2], 0, device=codes.device)
+        return torch.cat(chunks, dim=-1)
 
     def chunked_decode_streaming(
         self,
@@ -648,8 +681,12 @@ class Code2WavDecoder(nn.Module):
     def _windowed(
         self, codes: Tensor, chunk_size: int, left_context_size: int, first_chunk_size: int | None = None
     ) -> Iterator[Tensor]:
-        if chunk_size < 1 or left_context_size < 0:
-            raise ValueError(f"chunk_size must be >= 1 and left_context_size >= 0, got {chunk_size}, {left_context_size}")
+        if chunk_size < 1 or left_context_size < 0 or (first_chunk_size is not None and first_chunk_size < 1):
+            raise ValueError(
+                "need chunk_size >= 1, left_context_size >= 0, first_chunk_size >= 1 or None; got "
+                f"{chunk_size}, {left_context_size}, {first_chunk_size}"
+            )
+        self._check_codes(codes)
         total = codes.shape[-2]
         start = 0
         while start < total:
@@ -661,13 +698,14 @@ class Code2WavDecoder(nn.Module):
 
     # ---- the one forward path -------------------------------------------------------------------
 
+    def _check_codes(self, codes: Tensor) -> None:
+        q = self.config.num_quantizers
+        if codes.dim() not in (2, 3) or codes.shape[-1] != q:
+            raise ValueError(f"codes must be [T, {q}] or [B, T, {q}], got {tuple(codes.shape)}")
+
     def _run(self, codes: Tensor, state: DecoderStreamState) -> tuple[Tensor, DecoderStreamState]:
         """codes [B, n, Q] + state -> (waveform [B, n * samples_per_frame] float32, next state)."""
-        if codes.dim() != 3 or codes.shape[-1] != self.config.num_quantizers:
-            raise ValueError(
-                f"codes must be [T, {self.config.num_quantizers}] or [B, T, {self.config.num_quantizers}], "
-                f"got {tuple(codes.shape)}"
-            )
+        self._check_codes(codes)
         n = codes.shape[1]
         if n == 0:
             return codes.new_zeros(codes.shape[0], 0, dtype=torch.float32), state

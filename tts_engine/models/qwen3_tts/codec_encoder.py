@@ -19,15 +19,14 @@ count of long clips can be off by one; in float32 (our choice) it is exact.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
+from .codec_decoder import check_weights, read_prefixed_weights, read_tokenizer_config
+
 WEIGHT_PREFIX = "encoder."
 # MimiModel parts the official encoder deletes (it only encodes).
 _DECODER_PARTS = ("upsample", "decoder_transformer", "decoder")
@@ -46,22 +45,14 @@ class ReferenceAudioEncoder(nn.Module):
     @classmethod
     def from_folder(
         cls, path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
-    ) -> "ReferenceAudioEncoder":
+    ) -> ReferenceAudioEncoder:
         """Load from an official `speech_tokenizer/` folder (config.json + model.safetensors)."""
-        from safetensors import safe_open
         from transformers import MimiConfig, MimiModel
         from transformers.modeling_utils import no_init_weights
 
-        folder = Path(path)
-        config_path, weights_path = folder / CONFIG_FILE, folder / WEIGHTS_FILE
-        for p in (config_path, weights_path):
-            if not p.is_file():
-                raise FileNotFoundError(f"{p}: not found (a speech_tokenizer folder holds {p.name})")
-        try:
-            config = json.loads(config_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{config_path}: malformed JSON: {exc}") from exc
-        enc_cfg = config.get("encoder_config") if isinstance(config, dict) else None
+        config, config_path = read_tokenizer_config(path)
+        weights, weights_path = read_prefixed_weights(path, WEIGHT_PREFIX)
+        enc_cfg = config.get("encoder_config")
         if not isinstance(enc_cfg, dict):
             raise ValueError(f"{config_path}: key 'encoder_config' is missing or not an object")
         # Reference defaults (Qwen3TTSTokenizerV2Config) for the top-level keys.
@@ -79,24 +70,7 @@ class ReferenceAudioEncoder(nn.Module):
             mimi = MimiModel(mimi_config)
         for part in _DECODER_PARTS:
             setattr(mimi, part, None)
-
-        with safe_open(str(weights_path), framework="pt", device="cpu") as f:
-            weights = {k[len(WEIGHT_PREFIX) :]: f.get_tensor(k) for k in f.keys() if k.startswith(WEIGHT_PREFIX)}
-        expected = {k: v.shape for k, v in mimi.state_dict().items()}
-        missing = sorted(set(expected) - set(weights))
-        unexpected = sorted(set(weights) - set(expected))
-        wrong = sorted(
-            f"{k}: checkpoint {tuple(weights[k].shape)} vs model {tuple(expected[k])}"
-            for k in set(weights) & set(expected)
-            if weights[k].shape != expected[k]
-        )
-        if missing or unexpected or wrong:
-            lines = [
-                f"\n  {len(items)} {title}: " + ", ".join(WEIGHT_PREFIX + i for i in items[:12])
-                for title, items in (("missing", missing), ("unexpected", unexpected), ("shape-mismatched", wrong))
-                if items
-            ]
-            raise ValueError(f"{weights_path}: encoder weights do not match encoder_config" + "".join(lines))
+        check_weights({k: v.shape for k, v in mimi.state_dict().items()}, weights, WEIGHT_PREFIX, str(weights_path))
         mimi.load_state_dict(weights, strict=True)
         model = cls(mimi, num_q, samples_per_frame, sample_rate)
         return model.to(device=device, dtype=dtype).eval().requires_grad_(False)

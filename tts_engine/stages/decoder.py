@@ -1,0 +1,169 @@
+"""Stage 1: the AsyncDecodingPipeline, a background thread turning code chunks into delta PCM.
+
+Two modes. `exact` (default) carries each request's decoder state from chunk to chunk, so the
+concatenated stream equals one decode of the whole sequence. `context` is the seed's
+`chunked_decode_streaming` method: each chunk is decoded from scratch with its left-context frames
+and the context's samples are trimmed (approximate: the decoder reaches further back than 25 frames).
+Chunks of different requests that arrive together are decoded in one batched call when they have the
+same length; each request's chunks are always decoded in order.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from tts_engine.models.qwen3_tts.codec_decoder import Code2WavDecoder, DecoderStreamState
+
+log = logging.getLogger(__name__)
+
+# on_output(request_id, chunk_idx, audio float32 [n], finished, error)
+OutputCallback = Callable[[str, int, np.ndarray, bool, str | None], None]
+
+
+@dataclass
+class _Stream:
+    on_output: OutputCallback
+    state: DecoderStreamState | None = None
+    history: torch.Tensor | None = None          # context mode: frames available as left context
+    pending: list[dict] = field(default_factory=list)
+
+
+class AsyncDecodingPipeline:
+    def __init__(self, decoder: Code2WavDecoder, device: torch.device, mode: str = "exact",
+                 max_batch_size: int = 16, left_context_size: int = 25):
+        if mode not in ("exact", "context"):
+            raise ValueError(f"decode mode must be 'exact' or 'context', got {mode!r}")
+        self.decoder = decoder
+        self.device = device
+        self.mode = mode
+        self.max_batch_size = max_batch_size
+        self.left_context_size = left_context_size
+        self.samples_per_frame = decoder.samples_per_frame
+        self._streams: dict[str, _Stream] = {}
+        self._inbox: queue.Queue = queue.Queue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tts-stage1", daemon=True)
+        self._thread.start()
+
+    # ---- commands (any thread) -------------------------------------------------------------------
+    def open(self, request_id: str, on_output: OutputCallback, context_codes: torch.Tensor | None = None) -> None:
+        """Start a stream. `context_codes` (ICL reference codes) condition the decoder, unheard."""
+        self._inbox.put(("open", request_id, (on_output, context_codes)))
+
+    def barrier(self, timeout: float = 30.0) -> None:
+        """Return once every message sent before this call has been handled."""
+        done = threading.Event()
+        self._inbox.put(("barrier", "", done))
+        if not done.wait(timeout):
+            raise TimeoutError("Stage 1 did not reach the barrier")
+
+    def put(self, chunk: dict) -> None:
+        self._inbox.put(("chunk", chunk["request_id"], chunk))
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(("abort", request_id, None))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._inbox.put(("stop", "", None))
+        self._thread.join(timeout=30)
+
+    @property
+    def active_request_ids(self) -> set[str]:
+        return set(self._streams)
+
+    # ---- decoder thread --------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._take(self._inbox.get())
+            while True:
+                try:
+                    self._take(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
+            while any(s.pending for s in self._streams.values()):
+                self._decode_round()
+
+    def _take(self, message) -> None:
+        kind, request_id, payload = message
+        if kind == "open":
+            on_output, context = payload
+            stream = _Stream(on_output=on_output)
+            try:
+                self._prime(stream, context)
+            except Exception as exc:  # a broken prompt must not kill the thread
+                log.exception("decoder priming failed")
+                on_output(request_id, 0, np.zeros(0, np.float32), True, f"decoder failed: {exc}")
+                return
+            self._streams[request_id] = stream
+        elif kind == "chunk":
+            stream = self._streams.get(request_id)
+            if stream is not None:          # chunks of aborted requests are dropped
+                stream.pending.append(payload)
+        elif kind == "abort":
+            self._streams.pop(request_id, None)
+        elif kind == "barrier":
+            while any(s.pending for s in self._streams.values()):
+                self._decode_round()
+            payload.set()
+
+    def _prime(self, stream: _Stream, context: torch.Tensor | None) -> None:
+        if self.mode == "exact":
+            stream.state = self.decoder.new_stream_state()
+            if context is not None and context.shape[0]:
+                self.decoder.decode_step(stream.state, context.to(self.device))
+        elif context is not None and context.shape[0]:
+            stream.history = context.to(self.device)
+
+    def _decode_round(self) -> None:
+        """Decode the oldest pending chunk of every stream, batching equal lengths."""
+        ready = [(rid, s, s.pending.pop(0)) for rid, s in list(self._streams.items()) if s.pending]
+        groups: dict[int, list] = {}
+        for item in ready:
+            groups.setdefault(self._new_frames(item[2]), []).append(item)
+        for frames, items in groups.items():
+            for start in range(0, len(items), self.max_batch_size):
+                batch = items[start:start + self.max_batch_size]
+                try:
+                    audio = self._decode(batch, frames)
+                except Exception as exc:
+                    log.exception("decode failed")
+                    for rid, stream, chunk in batch:
+                        self._streams.pop(rid, None)
+                        stream.on_output(rid, chunk["chunk_idx"], np.zeros(0, np.float32), True,
+                                         f"decoder failed: {exc}")
+                    continue
+                for (rid, stream, chunk), wav in zip(batch, audio):
+                    if chunk["finished"]:
+                        self._streams.pop(rid, None)
+                    stream.on_output(rid, chunk["chunk_idx"], wav, chunk["finished"], None)
+
+    @staticmethod
+    def _new_frames(chunk: dict) -> int:
+        return chunk["codes"].shape[0] - chunk["left_context_size"]
+
+    def _decode(self, batch: list, frames: int) -> list[np.ndarray]:
+        if frames == 0:
+            return [np.zeros(0, np.float32) for _ in batch]
+        if self.mode == "exact":
+            codes = torch.stack([c["codes"][c["left_context_size"]:] for _, _, c in batch]).to(self.device)
+            wav = self.decoder.decode_step([s.state for _, s, _ in batch], codes)
+            return list(wav.float().cpu().numpy())
+        out = []
+        for _, stream, chunk in batch:
+            # The seed's method: decode (left context + chunk) from scratch and drop the context's
+            # samples. The context is the stream's own history, which also covers ICL reference codes.
+            new = chunk["codes"][chunk["left_context_size"]:].to(self.device)
+            history = stream.history if stream.history is not None else new[:0]
+            context = history[max(0, history.shape[0] - self.left_context_size):]
+            wav = self.decoder.decode_full(torch.cat([context, new]))[context.shape[0] * self.samples_per_frame:]
+            stream.history = torch.cat([context, new])
+            out.append(wav.float().cpu().numpy())
+        return out
