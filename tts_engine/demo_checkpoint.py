@@ -42,9 +42,8 @@ from typing import Any
 import torch
 
 __all__ = [
-    "build_demo_checkpoint", "demo_config", "demo_speech_tokenizer_config", "write_text_tokenizer",
-    "DEMO_GENERATION", "TEXT_VOCAB", "SPECIAL_TOKENS", "LANGUAGES", "SPEAKERS", "DIALECTS",
-    "MODEL_TYPES", "MODEL_SIZES",
+    "DEMO_GENERATION", "DIALECTS", "LANGUAGES", "MODEL_SIZES", "MODEL_TYPES", "SPEAKERS", "SPECIAL_TOKENS",
+    "TEXT_VOCAB", "build_demo_checkpoint", "demo_config", "demo_speech_tokenizer_config", "write_text_tokenizer",
 ]
 
 log = logging.getLogger(__name__)
@@ -81,7 +80,7 @@ def _bytes_to_unicode() -> dict[int, str]:
             printable.append(b)
             chars.append(256 + n)
             n += 1
-    return dict(zip(printable, map(chr, chars)))
+    return dict(zip(printable, map(chr, chars), strict=True))
 
 
 def _bpe_vocab() -> tuple[dict[str, int], list[str]]:
@@ -312,7 +311,7 @@ Rule = Callable[[str, tuple[int, ...], torch.Generator], torch.Tensor]
 def _lm_value(name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
     """Talker, code predictor, speaker encoder (the test builder's rule): norms ~1, the rest small."""
     noise = torch.randn(shape, generator=gen)
-    if name.endswith("norm.weight") or "layernorm" in name or name.endswith(".scale"):
+    if name.endswith(("norm.weight", ".scale")) or "layernorm" in name:
         return 1.0 + 0.1 * noise
     if "running_var" in name:
         return 1.0 + 0.1 * noise.abs()

@@ -59,6 +59,9 @@ class TTSEngine:
         self.options = options
         self.dtype = dtype
         device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise RuntimeError(f"the stage config places the talker on {device}, but CUDA is not available here; "
+                               "use a CPU config (configs/qwen3_tts_cpu.yaml) or devices: auto")
         self.device = torch.device(device)
         from transformers import AutoTokenizer
 

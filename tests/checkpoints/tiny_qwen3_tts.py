@@ -16,17 +16,24 @@ import torch
 from safetensors.torch import save_file
 
 from tests.checkpoints.tiny_speech_tokenizer import write_tiny_speech_tokenizer
+
 # The configuration data (config.json, generation_config.json, text tokenizer) lives in the app's
 # demo-checkpoint module, so the tests and `--demo` share ONE copy. Only the weights differ in origin:
 # here the official classes, there our own modules (tests/test_demo_checkpoint.py checks them against
 # the official classes).
 from tts_engine.demo_checkpoint import DEMO_GENERATION as OFFICIAL_GENERATION
-from tts_engine.demo_checkpoint import DIALECTS, LANGUAGES, SPEAKERS, SPECIAL_TOKENS, TEXT_VOCAB
+from tts_engine.demo_checkpoint import (
+    DIALECTS,
+    LANGUAGES,
+    SPEAKERS,
+    SPECIAL_TOKENS,
+    TEXT_VOCAB,
+    write_text_tokenizer,
+)
 from tts_engine.demo_checkpoint import demo_config as tiny_config
-from tts_engine.demo_checkpoint import write_text_tokenizer
 
-__all__ = ["write_tiny_checkpoint", "tiny_config", "write_text_tokenizer", "OFFICIAL_GENERATION", "TEXT_VOCAB",
-           "SPECIAL_TOKENS", "LANGUAGES", "SPEAKERS", "DIALECTS"]
+__all__ = ["DIALECTS", "LANGUAGES", "OFFICIAL_GENERATION", "SPEAKERS", "SPECIAL_TOKENS", "TEXT_VOCAB", "tiny_config",
+           "write_text_tokenizer", "write_tiny_checkpoint"]
 
 
 def _randomize(module: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:

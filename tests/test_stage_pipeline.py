@@ -1,0 +1,149 @@
+"""Stage input processors + AsyncDecodingPipeline on a known code sequence (no vLLM needed)."""
+
+from __future__ import annotations
+
+import queue
+
+import numpy as np
+import pytest
+import torch
+
+from tests.checkpoints.tiny_speech_tokenizer import write_tiny_speech_tokenizer
+from tts_engine.models.qwen3_tts.codec_decoder import Code2WavDecoder
+from tts_engine.processors.qwen3_tts import ChunkConnector, talker2code2wav, talker2code2wav_async_chunk
+from tts_engine.stages.decoder import AsyncDecodingPipeline
+
+FRAMES = 90   # longer than the tiny decoder's 72-frame attention window
+
+
+class _Request:
+    def __init__(self, request_id):
+        self.request_id, self.finished = request_id, False
+
+    def is_finished(self):
+        return self.finished
+
+
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory):
+    folder = write_tiny_speech_tokenizer(tmp_path_factory.mktemp("codec") / "speech_tokenizer", seed=5)
+    return Code2WavDecoder.from_folder(folder)
+
+
+def _codes(seed: int, frames: int = FRAMES) -> torch.Tensor:
+    return torch.randint(0, 2048, (frames, 16), generator=torch.Generator().manual_seed(seed))
+
+
+def _stream(codes, processor, connector, request_id="r"):
+    """Feed frames one by one as Stage 0 does; return the emitted chunks."""
+    request, chunks = _Request(request_id), []
+    for frame in codes:
+        chunk = processor(connector, {"codes": frame[None]}, request)
+        if chunk is not None:
+            chunks.append(chunk)
+    request.finished = True
+    chunks.append(processor(connector, None, request))
+    connector.free(request_id)
+    return chunks
+
+
+@pytest.mark.parametrize("initial, size", [(1, 25), (4, 25), (1, 1), (4, 7), (1, 7), (4, 1)])
+def test_chunk_sizes_and_context(initial, size):
+    connector = ChunkConnector(chunk_size=size, left_context_size=25, initial_chunk_size=initial)
+    codes = _codes(0)
+    chunks = _stream(codes, talker2code2wav_async_chunk, connector)
+    new = [c["codes"].shape[0] - c["left_context_size"] for c in chunks]
+    assert new[0] == initial
+    assert all(n == size for n in new[1:-1])
+    assert 0 <= new[-1] <= size and chunks[-1]["finished"] and not any(c["finished"] for c in chunks[:-1])
+    assert sum(new) == FRAMES
+    assert [c["chunk_idx"] for c in chunks] == list(range(len(chunks)))
+    sent = 0
+    for chunk in chunks:   # context is exactly the frames before the chunk, at most 25 of them
+        ctx = chunk["left_context_size"]
+        assert ctx == min(25, sent)
+        assert torch.equal(chunk["codes"], codes[sent - ctx:sent + chunk["codes"].shape[0] - ctx])
+        sent += chunk["codes"].shape[0] - ctx
+    assert connector.active_request_ids() == set()
+
+
+def test_batch_processor_sends_everything_once():
+    connector = ChunkConnector()
+    codes = _codes(1)
+    chunks = _stream(codes, talker2code2wav, connector)
+    assert len(chunks) == 1 and torch.equal(chunks[0]["codes"], codes) and chunks[0]["finished"]
+
+
+def _run_pipeline(decoder, mode, streams: dict[str, list[dict]]) -> dict[str, list[np.ndarray]]:
+    pipeline = AsyncDecodingPipeline(decoder, torch.device("cpu"), mode=mode)
+    outputs: queue.Queue = queue.Queue()
+    try:
+        for rid in streams:
+            pipeline.open(rid, lambda *args: outputs.put(args))
+        for i in range(max(len(c) for c in streams.values())):   # interleave requests, as live traffic does
+            for rid, chunks in streams.items():
+                if i < len(chunks):
+                    pipeline.put(dict(chunks[i]))
+        pipeline.barrier()
+        assert pipeline.active_request_ids == set()
+    finally:
+        pipeline.close()
+    got: dict[str, list] = {rid: [] for rid in streams}
+    while not outputs.empty():
+        rid, idx, audio, finished, error = outputs.get()
+        assert error is None
+        assert idx == len(got[rid]), "chunks of a request arrived out of order"
+        got[rid].append(audio)
+    return got
+
+
+@pytest.mark.parametrize("initial, size", [(1, 25), (4, 25), (1, 1), (4, 7)])
+def test_exact_stream_equals_whole_decode(decoder, initial, size):
+    codes = {f"r{i}": _codes(10 + i, FRAMES - 7 * i) for i in range(3)}
+    streams = {rid: _stream(c, talker2code2wav_async_chunk,
+                            ChunkConnector(size, 25, initial), rid) for rid, c in codes.items()}
+    got = _run_pipeline(decoder, "exact", streams)
+    for rid, c in codes.items():
+        whole = decoder.decode_full(c).numpy()
+        streamed = np.concatenate(got[rid])
+        assert streamed.shape == whole.shape, "missing or duplicated samples at chunk boundaries"
+        assert float(np.abs(streamed - whole).max()) <= 1e-4
+        assert got[rid][0].shape[0] == initial * decoder.samples_per_frame
+
+
+def test_context_mode_length_exact_and_error_measured(decoder, capsys):
+    codes = _codes(3)
+    got = _run_pipeline(decoder, "context", {"r": _stream(codes, talker2code2wav_async_chunk, ChunkConnector())})
+    streamed, whole = np.concatenate(got["r"]), decoder.decode_full(codes).numpy()
+    assert streamed.shape == whole.shape
+    diff = float(np.abs(streamed - whole).max())
+    # The first 26 frames see their whole history, so they are exact; later frames are approximate.
+    head = 26 * decoder.samples_per_frame
+    assert float(np.abs(streamed[:head] - whole[:head]).max()) <= 1e-4
+    with capsys.disabled():
+        print(f"\n[25/25 context mode] max abs diff vs whole-sequence decode: {diff:.4f}")
+    assert diff > 1e-4, "the context method cannot be exact beyond the decoder's reach"
+
+
+def test_batch_mode_equals_exact_stream(decoder):
+    codes = _codes(4)
+    batch = _run_pipeline(decoder, "exact", {"r": _stream(codes, talker2code2wav, ChunkConnector())})
+    stream = _run_pipeline(decoder, "exact", {"r": _stream(codes, talker2code2wav_async_chunk, ChunkConnector())})
+    assert np.abs(np.concatenate(batch["r"]) - np.concatenate(stream["r"])).max() <= 1e-4
+
+
+def test_abort_drops_the_stream(decoder):
+    pipeline = AsyncDecodingPipeline(decoder, torch.device("cpu"))
+    outputs: queue.Queue = queue.Queue()
+    try:
+        pipeline.open("a", lambda *args: outputs.put(args))
+        chunks = _stream(_codes(6, 30), talker2code2wav_async_chunk, ChunkConnector())
+        pipeline.put(chunks[0])
+        pipeline.abort("a")
+        for chunk in chunks[1:]:
+            pipeline.put(chunk)
+        pipeline.barrier()
+        assert pipeline.active_request_ids == set()
+        assert outputs.qsize() <= 1
+    finally:
+        pipeline.close()

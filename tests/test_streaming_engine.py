@@ -1,0 +1,181 @@
+"""The two-stage streaming engine end to end on CPU: real vLLM talker, real Stage 1 thread."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import REFERENCE_TEXT
+from tts_engine import SpeechRequest, TTSEngine
+from tts_engine.config import load_stage_config
+from tts_engine.processors.qwen3_tts import ChunkConnector, talker2code2wav_async_chunk
+from tts_engine.streaming import Job
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+GREEDY = dict(do_sample=False, subtalker_do_sample=False)
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoints):
+    eng = TTSEngine.from_pretrained(checkpoints["base"], stage_config=CONFIGS / "qwen3_tts_tiny_cpu.yaml")
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def voices(engine, reference_clip, tmp_path_factory):
+    other = tmp_path_factory.mktemp("clips2") / "other.wav"
+    subprocess.run(["espeak-ng", "-v", "en-gb", "-p", "70", "-s", "130", "-w", str(other),
+                    "She sells sea shells by the sea shore, every single morning."], check=True)
+    return {
+        "a_icl": engine.create_voice_prompt(str(reference_clip), REFERENCE_TEXT),
+        "a_xvec": engine.create_voice_prompt(str(reference_clip), x_vector_only=True),
+        "b_xvec": engine.create_voice_prompt(str(other), x_vector_only=True),
+        "b_icl": engine.create_voice_prompt(str(other), "She sells sea shells by the sea shore, every single morning."),
+    }
+
+
+def _collect(engine, request):
+    async def run():
+        return [chunk async for chunk in engine.generate(request)]
+    return asyncio.run(run())
+
+
+def _frames(chunk) -> int:
+    return 0 if chunk.codec_codes is None else chunk.codec_codes.shape[0]
+
+
+def test_stream_is_delta_exact_and_equals_synthesize(engine, voices):
+    request = SpeechRequest(text="Streaming test sentence, long enough for several chunks.", voice=voices["a_xvec"],
+                            max_new_tokens=60, **GREEDY)
+    chunks = _collect(engine, request)
+    frames = [_frames(c) for c in chunks]
+    assert frames[0] == 1, "the first chunk holds initial_chunk_size frames"
+    assert all(f == 25 for f in frames[1:-1]) and frames[-1] <= 25
+    assert [c.chunk_idx for c in chunks] == list(range(len(chunks)))
+    assert chunks[-1].is_finished and not any(c.is_finished for c in chunks[:-1])
+    for c in chunks:
+        assert c.sample_rate == 24000 and c.audio.dtype == np.float32
+        assert c.audio.shape[0] == _frames(c) * 1920, "each chunk carries only its own new samples"
+    audio = np.concatenate([c.audio for c in chunks])
+    assert chunks[-1].total_generated == audio.shape[0]
+    codes = np.concatenate([c.codec_codes for c in chunks if _frames(c)])
+    whole = engine.decoder.decode_full(torch.from_numpy(codes)).numpy()
+    assert float(np.abs(audio - whole).max()) <= 1e-4
+    offline = engine.synthesize(request)
+    assert np.array_equal(offline.codes, codes)
+    assert float(np.abs(offline.audio - audio).max()) <= 1e-4
+    m = chunks[-1].metrics
+    assert m.frames == codes.shape[0] and len(m.frame_times_s) == m.frames
+    assert 0 < m.first_frame_s <= m.first_chunk_s <= m.finished_s and m.real_time_factor > 0
+
+
+@pytest.mark.parametrize("initial, size", [(4, 7), (1, 1)])
+def test_live_chunking_variants(engine, voices, initial, size):
+    saved = (engine.connector.initial_chunk_size, engine.connector.chunk_size)
+    engine.connector.initial_chunk_size, engine.connector.chunk_size = initial, size
+    try:
+        chunks = _collect(engine, SpeechRequest(text="Chunking variants.", voice=voices["b_icl"],
+                                                max_new_tokens=30, **GREEDY))
+    finally:
+        engine.connector.initial_chunk_size, engine.connector.chunk_size = saved
+    frames = [_frames(c) for c in chunks]
+    assert frames[0] == initial and all(f == size for f in frames[1:-1])
+    audio = np.concatenate([c.audio for c in chunks])
+    codes = np.concatenate([c.codec_codes for c in chunks if _frames(c)])
+    # ICL: the reference codes are the decoder's left context, so decode them first and drop them.
+    ref = voices["b_icl"].ref_codes
+    whole = engine.decoder.decode_full(torch.cat([ref, torch.from_numpy(codes)])).numpy()[ref.shape[0] * 1920:]
+    assert float(np.abs(audio - whole).max()) <= 1e-4
+
+
+def test_eight_concurrent_requests_equal_their_solo_runs(engine, voices):
+    texts = ["One small step.", "The rain in Spain stays mainly in the plain.", "Hello, hello, can you hear me?",
+             "Seven swans a swimming.", "A different sentence with numbers 1, 2, 3.", "Short.",
+             "What a wonderful world it is.", "The end of the list, at last."]
+    names = ["a_icl", "a_xvec", "b_xvec", "b_icl"] * 2
+    requests = [SpeechRequest(text=t, voice=voices[v], non_streaming_mode=i % 3 == 0, max_new_tokens=20 + 3 * i,
+                              **GREEDY) for i, (t, v) in enumerate(zip(texts, names))]
+
+    async def one(r):
+        chunks = [c async for c in engine.generate(r)]
+        return (np.concatenate([c.codec_codes for c in chunks if _frames(c)]),
+                np.concatenate([c.audio for c in chunks]))
+
+    async def solo_runs():
+        return [await one(r) for r in requests]
+
+    async def together():
+        return await asyncio.gather(*(one(r) for r in requests))
+
+    solo = asyncio.run(solo_runs())
+    for i, ((codes0, audio0), (codes, audio)) in enumerate(zip(solo, asyncio.run(together()))):
+        assert np.array_equal(codes0, codes), f"request {i}: codes changed under concurrency"
+        assert audio0.shape == audio.shape and float(np.abs(audio0 - audio).max()) <= 1e-4, \
+            f"request {i}: audio differs from its solo run (crosstalk?)"
+    assert len({codes.tobytes() for codes, _ in solo}) == len(solo)
+
+
+def test_abort_mid_stream_frees_every_buffer(engine, voices):
+    saved = engine.connector.chunk_size
+    engine.connector.chunk_size = 1
+
+    async def run():
+        stream = engine.generate(SpeechRequest(text="This request will be cut short. " * 4, voice=voices["a_xvec"],
+                                               max_new_tokens=200, **GREEDY))
+        got = [await stream.__anext__() for _ in range(3)]
+        rid = got[0].request_id
+        assert not got[-1].is_finished
+        await stream.aclose()
+        return rid
+
+    try:
+        rid = asyncio.run(run())
+    finally:
+        engine.connector.chunk_size = saved
+    engine.drain()
+    state = engine.debug_state()
+    assert all(rid not in ids for ids in state.values()), state
+    assert state == {k: set() for k in state}, state
+    assert engine.talker_engine.has_unfinished() is False
+    assert engine.connector.code_prompt_token_ids == {}
+
+
+def test_batch_config_produces_the_same_audio(engine, voices):
+    request = SpeechRequest(text="Batch versus streaming.", voice=voices["a_icl"], max_new_tokens=40, **GREEDY)
+    streaming = engine.synthesize(request)
+    batch_processor = load_stage_config(CONFIGS / "qwen3_tts_batch.yaml").talker.processor
+    saved = engine.stage_config
+    engine.stage_config = dataclasses.replace(saved, talker=dataclasses.replace(saved.talker,
+                                                                                processor=batch_processor))
+    try:
+        chunks = _collect(engine, request)
+        batch = engine.synthesize(request)
+    finally:
+        engine.stage_config = saved
+    assert len(chunks) == 1 and chunks[0].is_finished
+    assert np.array_equal(batch.codes, streaming.codes)
+    assert batch.audio.shape == streaming.audio.shape
+    assert float(np.abs(batch.audio - streaming.audio).max()) <= 1e-4
+
+
+def test_stage1_device_comes_from_the_config(engine):
+    assert engine.stage_config.decoder.device == "cpu"
+    assert engine.decoder_device == torch.device("cpu")
+    assert next(engine.decoder.parameters()).device == engine.decoder_device
+
+    class Sink(list):
+        def put(self, chunk):
+            self.append(chunk)
+
+    sink = Sink()
+    job = Job("x", talker2code2wav_async_chunk, ChunkConnector(), sink, lambda item: None, lambda rid: None,
+              stage1_device=torch.device("meta"))
+    job.on_frames(torch.zeros(1, 16, dtype=torch.long))
+    assert sink and sink[0]["codes"].device.type == "meta", "chunks must be moved to Stage 1's device"
