@@ -64,7 +64,8 @@ def build_ui(engine, demo: bool):
         button = gr.Button("Speak", variant="primary")
         out = gr.Audio(label="Speech", type="numpy")
         info = gr.Markdown()
-        button.click(speak, [text, language, speaker, instruct, ref_audio, ref_text, x_vector_only], [out, info])
+        button.click(speak, [text, language, speaker, instruct, ref_audio, ref_text, x_vector_only], [out, info],
+                     api_name="speak")
     return ui
 
 
@@ -80,7 +81,11 @@ def main(argv: list[str] | None = None) -> None:
         model = build_demo_checkpoint(Path(tempfile.mkdtemp(prefix="tts_demo_")) / args.demo_type,
                                       args.demo_type, size)
         log.info("demo model (random weights) at %s", model)
-    engine = TTSEngine.from_pretrained(model, stage_config=args.config)
+    config = args.config
+    if config is None and args.demo:
+        # Random weights rarely emit EOS: the tiny config caps utterances at 256 frames (20 s).
+        config = Path(__file__).resolve().parent / "configs" / "qwen3_tts_tiny_cpu.yaml"
+    engine = TTSEngine.from_pretrained(model, stage_config=config)
     try:
         build_ui(engine, args.demo).queue().launch(server_name=args.host, server_port=args.port)
     finally:
