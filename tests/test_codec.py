@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tts_engine.models.qwen3_tts.config import CheckpointError
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -275,7 +277,7 @@ def copy_codec(src: Path, dst: Path) -> Path:
 def test_missing_files_are_named(tmp_path, codec_dir, loader, missing):
     folder = copy_codec(codec_dir, tmp_path / "codec")
     (folder / missing).unlink()
-    with pytest.raises(FileNotFoundError, match=missing):
+    with pytest.raises(CheckpointError, match=f"{missing}: file not found"):
         loader(folder)
 
 

@@ -17,6 +17,7 @@ def test_shipped_configs_load():
     streaming = load_stage_config(CONFIGS / "qwen3_tts.yaml")
     assert streaming.async_chunk and streaming.talker.processor is talker2code2wav_async_chunk
     assert streaming.decoder.decode_mode == "exact" and streaming.decoder.initial_chunk_size == 1
+    assert streaming.decoder.chunk_growth == 2 and streaming.decoder.chunk_size == 25
     assert streaming.talker.max_num_seqs == 64 and streaming.talker.sampling["max_new_tokens"] == 2048
     assert streaming.talker.device == "cuda:0"
     batch = load_stage_config(CONFIGS / "qwen3_tts_batch.yaml")

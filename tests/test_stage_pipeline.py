@@ -67,6 +67,13 @@ def test_chunk_sizes_and_context(initial, size):
     assert connector.active_request_ids() == set()
 
 
+def test_chunk_growth_schedule():
+    connector = ChunkConnector(chunk_size=25, left_context_size=25, initial_chunk_size=1, chunk_growth=2)
+    chunks = _stream(_codes(2), talker2code2wav_async_chunk, connector)
+    new = [c["codes"].shape[0] - c["left_context_size"] for c in chunks]
+    assert new == [1, 2, 4, 8, 16, 25, 25, 9]
+
+
 def test_batch_processor_sends_everything_once():
     connector = ChunkConnector()
     codes = _codes(1)

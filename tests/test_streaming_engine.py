@@ -51,10 +51,21 @@ def _frames(chunk) -> int:
     return 0 if chunk.codec_codes is None else chunk.codec_codes.shape[0]
 
 
+def test_growing_chunks_from_the_config(engine, voices):
+    assert engine.connector.chunk_growth == 2   # configs/qwen3_tts_tiny_cpu.yaml
+    chunks = _collect(engine, SpeechRequest(text="Growing chunks.", voice=voices["a_xvec"], max_new_tokens=80,
+                                            **GREEDY))
+    assert [_frames(c) for c in chunks][:6] == [1, 2, 4, 8, 16, 25]
+
+
 def test_stream_is_delta_exact_and_equals_synthesize(engine, voices):
     request = SpeechRequest(text="Streaming test sentence, long enough for several chunks.", voice=voices["a_xvec"],
                             max_new_tokens=60, **GREEDY)
-    chunks = _collect(engine, request)
+    engine.connector.chunk_growth = 1       # the seed's schedule: initial_chunk_size, then chunk_size
+    try:
+        chunks = _collect(engine, request)
+    finally:
+        engine.connector.chunk_growth = 2
     frames = [_frames(c) for c in chunks]
     assert frames[0] == 1, "the first chunk holds initial_chunk_size frames"
     assert all(f == 25 for f in frames[1:-1]) and frames[-1] <= 25
@@ -78,13 +89,13 @@ def test_stream_is_delta_exact_and_equals_synthesize(engine, voices):
 
 @pytest.mark.parametrize("initial, size", [(4, 7), (1, 1)])
 def test_live_chunking_variants(engine, voices, initial, size):
-    saved = (engine.connector.initial_chunk_size, engine.connector.chunk_size)
-    engine.connector.initial_chunk_size, engine.connector.chunk_size = initial, size
+    saved = (engine.connector.initial_chunk_size, engine.connector.chunk_size, engine.connector.chunk_growth)
+    engine.connector.initial_chunk_size, engine.connector.chunk_size, engine.connector.chunk_growth = initial, size, 1
     try:
         chunks = _collect(engine, SpeechRequest(text="Chunking variants.", voice=voices["b_icl"],
                                                 max_new_tokens=30, **GREEDY))
     finally:
-        engine.connector.initial_chunk_size, engine.connector.chunk_size = saved
+        engine.connector.initial_chunk_size, engine.connector.chunk_size, engine.connector.chunk_growth = saved
     frames = [_frames(c) for c in chunks]
     assert frames[0] == initial and all(f == size for f in frames[1:-1])
     audio = np.concatenate([c.audio for c in chunks])

@@ -12,14 +12,13 @@ import logging
 import queue
 import threading
 import uuid
-from typing import AsyncIterator
+from typing import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from tts_engine import audio as audio_utils
 from tts_engine.hub import resolve_model
 from tts_engine.models.qwen3_tts.codec_decoder import Code2WavDecoder
 from tts_engine.models.qwen3_tts.config import CheckpointError, Qwen3TTSConfig, load_config
@@ -32,8 +31,8 @@ from tts_engine.stages.vllm_bridge import TalkerEngine
 from tts_engine.config import DecoderStageConfig, StageConfig, TalkerStageConfig
 from tts_engine.processors.qwen3_tts import ChunkConnector, talker2code2wav_async_chunk
 from tts_engine.stages.decoder import AsyncDecodingPipeline
-from tts_engine.streaming import Job, RequestMetrics, StreamFailed, StreamingChunkOutput
-from tts_engine.voice_prompt import VoiceCloner
+from tts_engine.streaming import Job, StreamingChunkOutput
+from tts_engine.voices import VoiceCloner
 
 log = logging.getLogger(__name__)
 SAMPLE_RATE = 24000
@@ -89,7 +88,7 @@ class TTSEngine:
                                                    dtype=torch.float32)
         self.cloner = VoiceCloner(config, self.device) if config.model_type == "base" else None
         self.connector = ChunkConnector(chunk_size=d.chunk_size, left_context_size=d.left_context_size,
-                                        initial_chunk_size=d.initial_chunk_size)
+                                        initial_chunk_size=d.initial_chunk_size, chunk_growth=d.chunk_growth)
         self.pipeline = AsyncDecodingPipeline(self.decoder, self.decoder_device, mode=d.decode_mode,
                                               max_batch_size=d.max_batch_size, left_context_size=d.left_context_size)
         self.talker = TalkerStage(self.talker_engine, config, self.device)
@@ -200,7 +199,7 @@ class TTSEngine:
         with self._jobs_lock:
             job = self._jobs.pop(request_id, None)
         if job is not None:
-            job.closed = True
+            job.cancel()
         self.talker.abort(request_id)
         self.pipeline.abort(request_id)
 
@@ -216,6 +215,24 @@ class TTSEngine:
             "vllm": set(self.talker_engine.unfinished_request_ids()),
             "connector": self.connector.active_request_ids(), "stage1": self.pipeline.active_request_ids,
         }
+
+    def stream(self, request: SpeechRequest, request_id: str | None = None) -> Iterator[StreamingChunkOutput]:
+        """Blocking counterpart of `generate` for threads (e.g. a WebRTC generator); closing the
+        iterator early aborts the request."""
+        inbox: queue.Queue = queue.Queue()
+        job, _ = self._submit(request, inbox.put, request_id)
+        finished = False
+        try:
+            while not finished:
+                item = inbox.get()
+                if isinstance(item, Exception):
+                    finished = True
+                    raise item
+                finished = item.is_finished
+                yield item
+        finally:
+            if not finished:
+                self.abort(job.request_id)
 
     def synthesize(self, request: SpeechRequest) -> SynthesisResult:
         """Run one request to completion and return all of it (the concatenated stream).

@@ -66,6 +66,10 @@ class StreamFailed(RuntimeError):
     """A request failed inside a stage (the message says where)."""
 
 
+class RequestAborted(StreamFailed):
+    """The request was aborted (by the caller, or because its consumer went away)."""
+
+
 class _StageRequest:
     """What the stage input processor sees of a request."""
 
@@ -149,6 +153,10 @@ class Job:
             self.closed = True
             self.on_done(self.request_id)
         self.deliver(output)
+
+    def cancel(self) -> None:
+        """Called by `TTSEngine.abort`: wake a consumer still waiting, then ignore all later output."""
+        self._fail(RequestAborted(f"request {self.request_id} was aborted"))
 
     def _fail(self, exc: Exception) -> None:
         if self.closed:

@@ -5,7 +5,8 @@ connector buffers each request's frames (`code_prompt_token_ids[request_id]`); t
 None until a chunk is ready, then the chunk's frames preceded by up to `left_context_size` frames of
 context. `talker2code2wav_async_chunk` streams (first chunk after `initial_chunk_size` frames, then
 every `chunk_size`, the remainder flushed with `finished=True`); `talker2code2wav` is the batch mode
-(everything at once when Stage 0 finishes). Call it once per new frame, and once more with
+(everything at once when Stage 0 finishes). `chunk_growth` > 1 makes the chunks after the first grow
+geometrically up to `chunk_size` (for real-time players fed by a one-frame first chunk). Call it once per new frame, and once more with
 `pooling_output=None` when the request finishes.
 """
 
@@ -31,6 +32,7 @@ class ChunkConnector:
     chunk_size: int = 25
     left_context_size: int = 25
     initial_chunk_size: int = 1
+    chunk_growth: int = 1       # >1: chunk sizes grow geometrically from initial_chunk_size to chunk_size
     code_prompt_token_ids: dict[str, list[torch.Tensor]] = field(default_factory=lambda: defaultdict(list))
     put_requests: dict[str, int] = field(default_factory=lambda: defaultdict(int))   # chunks sent
     sent_frames: dict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -68,14 +70,24 @@ def _emit(connector: ChunkConnector, request_id: str, frames: list, count: int, 
     return chunk
 
 
+def chunk_target(connector: ChunkConnector, chunk_idx: int) -> int:
+    """Frames in chunk `chunk_idx`: initial_chunk_size first, then chunk_size (or, with
+    chunk_growth g > 1, initial * g**k capped at chunk_size, so a player fed by a tiny first chunk
+    never runs dry while the next, bigger one is generated: 1, 2, 4, 8, 16, 25, 25, ...)."""
+    if chunk_idx == 0:
+        return connector.initial_chunk_size
+    if connector.chunk_growth <= 1:
+        return connector.chunk_size
+    return min(connector.chunk_size, connector.initial_chunk_size * connector.chunk_growth ** chunk_idx)
+
+
 def talker2code2wav_async_chunk(connector: ChunkConnector, pooling_output: dict[str, Any] | None,
                                 request: StageRequest) -> dict[str, Any] | None:
     request_id = request.request_id
     finished = request.is_finished()
     frames = _buffer(connector, pooling_output, request_id)
     pending = len(frames) - connector.sent_frames[request_id]
-    first = connector.put_requests[request_id] == 0
-    target = connector.initial_chunk_size if first else connector.chunk_size
+    target = chunk_target(connector, connector.put_requests[request_id])
     if finished:
         return _emit(connector, request_id, frames, pending, True, connector.left_context_size)
     if pending < target:

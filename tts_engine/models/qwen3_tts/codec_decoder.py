@@ -23,7 +23,6 @@ so states of different streams can be concatenated along the batch dimension and
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
@@ -33,6 +32,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from tts_engine.models.qwen3_tts.config import CheckpointError, read_json
+from tts_engine.models.qwen3_tts.weights import read_prefixed, weights_path
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -49,28 +51,13 @@ UNUSED_WEIGHTS = ("quantizer.rvq_first.input_proj.weight", "quantizer.rvq_rest.i
 def read_tokenizer_config(folder: str | Path) -> tuple[dict[str, Any], Path]:
     """Read `folder/config.json` of an official speech-tokenizer folder; returns (dict, path)."""
     path = Path(folder) / CONFIG_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: not found (a speech_tokenizer folder holds config.json)")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: malformed JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a JSON object")
-    return data, path
+    return read_json(path), path
 
 
 def read_prefixed_weights(folder: str | Path, prefix: str) -> tuple[dict[str, Tensor], Path]:
-    """Load only the tensors named `prefix*` from `folder/model.safetensors` (prefix stripped), so the
+    """Only the tensors named `prefix*` of `folder/model.safetensors` (prefix stripped), so the
     decoder does not read the encoder's weights and vice versa."""
-    from safetensors import safe_open
-
-    path = Path(folder) / WEIGHTS_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: not found (a speech_tokenizer folder holds model.safetensors)")
-    with safe_open(str(path), framework="pt", device="cpu") as f:
-        weights = {k[len(prefix) :]: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}  # noqa: SIM118
-    return weights, path
+    return read_prefixed(Path(folder), prefix), weights_path(Path(folder))
 
 
 def check_weights(expected: dict[str, torch.Size], weights: dict[str, Tensor], prefix: str, source: str) -> None:
@@ -88,7 +75,7 @@ def check_weights(expected: dict[str, torch.Size], weights: dict[str, Tensor], p
         if items
     )
     if report:
-        raise ValueError(f"{source}: {prefix}* weights do not match the config{report}")
+        raise CheckpointError(f"{source}: {prefix}* weights do not match the config{report}")
 
 
 # --------------------------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ x-vector and ICL, `non_streaming_mode` on and off); the fidelity tests pin it to
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import torch
