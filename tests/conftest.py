@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import socket
 import subprocess
+import sys
+import time
 from pathlib import Path
+
+import httpx
 
 import pytest
 
@@ -37,3 +43,48 @@ def reference_clip(tmp_path_factory) -> Path:
 
 
 REFERENCE_TEXT = "The quick brown fox jumps over the lazy dog."
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def live_app(tmp_path_factory):
+    """The real app (`app.py --demo`: tiny random Base model, sample voice) on a free port, shared by the
+    WebRTC and browser tests. Yields its base URL."""
+    port = free_port()
+    work = tmp_path_factory.mktemp("live_app")
+    log_path = work / "app.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen(
+        [sys.executable, "app.py", "--demo", "--port", str(port), "--voices", str(work / "voices"),
+         "--config", str(ROOT / "tests" / "configs" / "app_tiny.yaml")],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 480
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail("app exited during start-up:\n" + log_path.read_text()[-4000:])
+            if time.monotonic() > deadline:
+                pytest.fail("app did not come up in 480 s:\n" + log_path.read_text()[-4000:])
+            try:
+                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)   # polling for the server socket
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()

@@ -19,6 +19,13 @@ their state dicts equal our files.
 This module is also the single home of the tiny configuration data used by the test builder
 `tests/checkpoints/tiny_qwen3_tts.py` (which instead takes the weights from the official classes).
 
+Full-size shapes: `shape="0.6b"` / `"1.7b"` write random weights in the released shapes (the
+official config values: talker 1024/3072 or 2048/6144 wide, 28 layers; code predictor 1024/3072,
+5 layers; text vocabulary 151936 x 2048 with the real special-token ids; the released codec and
+speaker encoder). They exist for benchmarks: a few GiB, built in seconds to a minute, talker and
+speaker encoder in bfloat16 as released, codec in float32. Each tensor draws from its own generator
+(seeded by the seed and its name), so the build order does not matter.
+
 Why the config is written by hand: the official config classes' defaults match no released checkpoint
 (32 code groups, codec ids 4196-4205, ...), and `save_pretrained` writes a `speaker_encoder_config`
 that the official code cannot reload. Shapes are tiny but keep every invariant of the release
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -42,14 +50,17 @@ from typing import Any
 import torch
 
 __all__ = [
-    "DEMO_GENERATION", "DIALECTS", "LANGUAGES", "MODEL_SIZES", "MODEL_TYPES", "SPEAKERS", "SPECIAL_TOKENS",
-    "TEXT_VOCAB", "build_demo_checkpoint", "demo_config", "demo_speech_tokenizer_config", "write_text_tokenizer",
+    "DEMO_GENERATION", "DIALECTS", "LANGUAGES", "MODEL_SIZES", "MODEL_TYPES", "SHAPES", "SPEAKERS", "SPECIAL_TOKENS",
+    "TEXT_VOCAB", "build_demo_checkpoint", "demo_config", "demo_speech_tokenizer_config", "full_config",
+    "write_text_tokenizer",
 ]
 
 log = logging.getLogger(__name__)
 
 MODEL_TYPES = ("base", "custom_voice", "voice_design")
 MODEL_SIZES = ("0b6", "1b7")  # 1b7: the code predictor is narrower than the talker (small_to_mtp_projection)
+SHAPES = ("tiny", "0.6b", "1.7b")  # tiny: test-sized; 0.6b / 1.7b: the released shapes (benchmarks)
+_SHAPE_SIZE = {"0.6b": "0b6", "1.7b": "1b7"}
 
 # --------------------------------------------------------------------------------------------------
 # Text tokenizer: 256 byte symbols, merged words, then special tokens (ids chosen small on purpose).
@@ -97,15 +108,34 @@ def _bpe_vocab() -> tuple[dict[str, int], list[str]]:
 SPECIAL_TOKENS = {name: len(_bpe_vocab()[0]) + k for k, name in enumerate(_SPECIAL_NAMES)}
 assert max(SPECIAL_TOKENS.values()) < TEXT_VOCAB
 
+# The released layout (full shapes): 151643 regular tokens, then the special tokens at their real ids.
+_FULL_REGULAR = 151643
+FULL_TEXT_VOCAB = 151936
+FULL_SPECIAL_TOKENS = dict(zip(_SPECIAL_NAMES, (151643, 151644, 151645, 151669, 151670, 151671, 151672, 151673,
+                                                151674, 151675), strict=True))
+FULL_SPEAKERS = {"serena": [3066], "vivian": [3065], "uncle_fu": [3010], "ryan": [3061], "aiden": [2861],
+                 "ono_anna": [2873], "sohee": [2864], "eric": [2875], "dylan": [2878]}
+FULL_DIALECTS = {name: DIALECTS.get(name, False) for name in FULL_SPEAKERS}
 
-def write_text_tokenizer(folder: Path) -> dict[str, int]:
-    """Write vocab.json, merges.txt and tokenizer_config.json into `folder`; returns the BPE vocab."""
+
+def write_text_tokenizer(folder: Path, full: bool = False) -> dict[str, int]:
+    """Write vocab.json, merges.txt and tokenizer_config.json into `folder`; returns the BPE vocab.
+
+    `full`: the released id layout (151643 regular tokens, padded with unreachable placeholders, then
+    the special tokens at their real ids, `FULL_SPECIAL_TOKENS`)."""
     folder = Path(folder)
     vocab, merges = _bpe_vocab()
+    specials = SPECIAL_TOKENS
+    if full:
+        vocab.update({f"<|unused_{i}|>": i for i in range(len(vocab), _FULL_REGULAR)})
+        specials = dict(FULL_SPECIAL_TOKENS)
+        top = max(specials.values())
+        taken = set(specials.values())
+        specials.update({f"<|reserved_{i}|>": i for i in range(_FULL_REGULAR, top) if i not in taken})
     (folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n", encoding="utf-8")
     added = {str(i): {"content": tok, "lstrip": False, "normalized": False, "rstrip": False,
-                      "single_word": False, "special": True} for tok, i in SPECIAL_TOKENS.items()}
+                      "single_word": False, "special": True} for tok, i in sorted(specials.items(), key=lambda x: x[1])}
     (folder / "tokenizer_config.json").write_text(json.dumps({
         "add_prefix_space": False, "added_tokens_decoder": added, "bos_token": None,
         "clean_up_tokenization_spaces": False, "eos_token": "<|im_end|>", "errors": "replace",
@@ -163,6 +193,38 @@ def demo_config(model_type: str, size: str = "0b6") -> dict:
     return config
 
 
+def full_config(model_type: str, shape: str) -> dict:
+    """config.json in a released shape (`shape` "0.6b" or "1.7b"): the official config values, the
+    real special-token ids; only `assistant_token_id` follows our (placeholder-padded) text vocabulary."""
+    size = _SHAPE_SIZE[shape]
+    config = demo_config(model_type, size)
+    hidden, inter = (1024, 3072) if shape == "0.6b" else (2048, 6144)
+    talker = config["talker_config"]
+    talker.update({
+        "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": 28, "num_attention_heads": 16,
+        "num_key_value_heads": 8, "head_dim": 128, "text_vocab_size": FULL_TEXT_VOCAB, "text_hidden_size": 2048,
+        "rope_scaling": {"interleaved": True, "mrope_section": [24, 20, 20], "rope_type": "default",
+                         "type": "default"},
+        "spk_id": FULL_SPEAKERS if model_type == "custom_voice" else {},
+        "spk_is_dialect": FULL_DIALECTS if model_type == "custom_voice" else {},
+    })
+    talker["code_predictor_config"].update({
+        "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 5, "num_attention_heads": 16,
+        "num_key_value_heads": 8, "head_dim": 128,
+    })
+    config.update({
+        "im_start_token_id": FULL_SPECIAL_TOKENS["<|im_start|>"], "im_end_token_id": FULL_SPECIAL_TOKENS["<|im_end|>"],
+        "tts_pad_token_id": FULL_SPECIAL_TOKENS["<tts_pad>"], "tts_bos_token_id": FULL_SPECIAL_TOKENS["<tts_text_bos>"],
+        "tts_eos_token_id": FULL_SPECIAL_TOKENS["<tts_text_eod>"], "torch_dtype": "bfloat16",
+    })
+    if model_type == "base":
+        config["speaker_encoder_config"].update({
+            "enc_dim": hidden, "enc_channels": [512, 512, 512, 512, 1536], "enc_attention_channels": 128,
+            "enc_se_channels": 128,
+        })
+    return config
+
+
 # The released generation_config.json (the official wrapper reads it as a raw dict).
 DEMO_GENERATION = {
     "do_sample": True, "top_k": 50, "top_p": 1.0, "temperature": 0.9, "repetition_penalty": 1.05,
@@ -211,8 +273,25 @@ def _encoder_config() -> dict[str, Any]:
     }
 
 
-def demo_speech_tokenizer_config(sliding_window: int = 72) -> dict[str, Any]:
+def _full_decoder_config() -> dict[str, Any]:
+    """The released `decoder_config` values."""
+    return {**_decoder_config(), "codebook_dim": 512, "latent_dim": 1024, "hidden_size": 512,
+            "intermediate_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 16,
+            "head_dim": 64, "decoder_dim": 1536, "vector_quantization_hidden_dimension": 512}
+
+
+def _full_encoder_config() -> dict[str, Any]:
+    """A released-size Mimi encoder (SEANet 64 filters, 8-layer 512-wide transformer, dim-256 RVQ)."""
+    return {**_encoder_config(), "hidden_size": 512, "num_filters": 64, "num_hidden_layers": 8,
+            "intermediate_size": 2048, "num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 64,
+            "codebook_dim": 256, "vector_quantization_hidden_dimension": 256, "upsample_groups": 512}
+
+
+def demo_speech_tokenizer_config(sliding_window: int = 72, shape: str = "tiny") -> dict[str, Any]:
     """The whole `speech_tokenizer/config.json`, shaped like the released file."""
+    if shape != "tiny":
+        return {**demo_speech_tokenizer_config(sliding_window), "encoder_config": _full_encoder_config(),
+                "decoder_config": _full_decoder_config()}
     return {
         "architectures": ["Qwen3TTSTokenizerV2Model"],
         "model_type": "qwen3_tts_tokenizer_12hz",
@@ -360,6 +439,37 @@ def _randomize(shapes: Shapes, seed: int, rule: Rule) -> dict[str, torch.Tensor]
     return {name: rule(name, shape, gen).to(torch.float32).contiguous() for name, shape in shapes.items()}
 
 
+def _full_lm_value(name: str, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    """Released-size talker/predictor/speaker encoder: norms ~1, matrices scaled by fan-in (so 28 layers
+    keep activations in a sane range), embeddings and biases small."""
+    if name.endswith(("norm.weight", ".scale")) or "layernorm" in name or "running_var" in name:
+        return _lm_value(name, shape, gen)
+    if len(shape) < 2 or "embedding" in name:
+        return 0.05 * torch.randn(shape, generator=gen)
+    fan_in = 1
+    for d in shape[1:]:
+        fan_in *= d
+    return torch.randn(shape, generator=gen) * min(0.05, 0.5 / fan_in ** 0.5)
+
+
+def _randomize_each(shapes: Shapes, seed: int, rule: Rule, dtype: torch.dtype, level: int,
+                    what: str) -> dict[str, torch.Tensor]:
+    """Large shapes: one generator per tensor (seed + CRC of the name), progress every ~10%."""
+    import zlib
+
+    out: dict[str, torch.Tensor] = {}
+    total = sum(math.prod(shape) for shape in shapes.values())
+    done, mark = 0, 0.1
+    for name, shape in shapes.items():
+        gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+        out[name] = rule(name, shape, gen).to(dtype).contiguous()
+        done += math.prod(shape)
+        if done >= mark * total:
+            log.log(level, "demo checkpoint:   %s %3.0f%% (%.0f M parameters)", what, 100 * done / total, done / 1e6)
+            mark = done / total + 0.1
+    return out
+
+
 # --------------------------------------------------------------------------------------------------
 # Writing
 # --------------------------------------------------------------------------------------------------
@@ -392,7 +502,7 @@ def _install(staging: Path, folder: Path) -> None:
 
 
 def build_demo_checkpoint(folder: str | Path, model_type: str = "base", size: str = "0b6", seed: int = 0,
-                          progress: bool = True) -> Path:
+                          progress: bool = True, shape: str = "tiny") -> Path:
     """Write a complete tiny random checkpoint (official format) into `folder` and return its path.
 
     `model_type`: base | custom_voice | voice_design. `size`: 0b6 (code predictor as wide as the
@@ -400,36 +510,53 @@ def build_demo_checkpoint(folder: str | Path, model_type: str = "base", size: st
     MiB). The same arguments give byte-identical files. The files listed in the module docstring are
     replaced; anything else in `folder` is left alone. Progress goes to this module's logger at INFO
     (DEBUG when `progress=False`). Takes well under a second on a CPU.
+
+    `shape`: "tiny" (the above), or "0.6b" / "1.7b" for random weights in the released shapes (the
+    size follows the shape; a few GiB, seconds to a minute).
     """
     if model_type not in MODEL_TYPES:
         raise ValueError(f"model_type must be one of {MODEL_TYPES}, got {model_type!r}")
     if size not in MODEL_SIZES:
         raise ValueError(f"size must be one of {MODEL_SIZES}, got {size!r}")
+    if shape not in SHAPES:
+        raise ValueError(f"shape must be one of {SHAPES}, got {shape!r}")
+    if shape != "tiny":
+        size = _SHAPE_SIZE[shape]
     folder = Path(folder).expanduser().absolute()
     level = logging.INFO if progress else logging.DEBUG
     start = time.perf_counter()
-    log.log(level, "demo checkpoint: building a tiny random %s (%s) checkpoint in %s", model_type, size, folder)
+    log.log(level, "demo checkpoint: building a %s random %s (%s) checkpoint in %s", shape, model_type, size, folder)
 
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.building-", dir=folder.parent))
     try:
-        config = demo_config(model_type, size)
+        full = shape != "tiny"
+        config = full_config(model_type, shape) if full else demo_config(model_type, size)
         _write_json(staging / "config.json", config)
         _write_json(staging / "generation_config.json", DEMO_GENERATION)
-        write_text_tokenizer(staging)
+        write_text_tokenizer(staging, full=full)
         log.log(level, "demo checkpoint: [1/3] config.json, generation_config.json, text tokenizer")
 
-        tensors = _randomize(_talker_shapes(staging), seed, _lm_value)
-        if model_type == "base":
-            tensors.update(_randomize(_speaker_encoder_shapes(config), seed + 1000, _lm_value))
+        if full:
+            tensors = _randomize_each(_talker_shapes(staging), seed, _full_lm_value, torch.bfloat16, level, "talker")
+            if model_type == "base":
+                tensors.update(_randomize_each(_speaker_encoder_shapes(config), seed + 1000, _full_lm_value,
+                                               torch.bfloat16, level, "speaker encoder"))
+        else:
+            tensors = _randomize(_talker_shapes(staging), seed, _lm_value)
+            if model_type == "base":
+                tensors.update(_randomize(_speaker_encoder_shapes(config), seed + 1000, _lm_value))
         _save(tensors, staging / "model.safetensors")
         log.log(level, "demo checkpoint: [2/3] model.safetensors: %d tensors, %.1f MiB%s", len(tensors),
                 _mib(tensors.values()), " (talker + speaker encoder)" if model_type == "base" else " (talker)")
 
         codec_dir = staging / "speech_tokenizer"
         codec_dir.mkdir()
-        codec_config = demo_speech_tokenizer_config()
-        codec = _randomize(_codec_shapes(codec_config), seed + 1, _codec_value)
+        codec_config = demo_speech_tokenizer_config(shape=shape)
+        if full:
+            codec = _randomize_each(_codec_shapes(codec_config), seed + 1, _codec_value, torch.float32, level, "codec")
+        else:
+            codec = _randomize(_codec_shapes(codec_config), seed + 1, _codec_value)
         _save(codec, codec_dir / "model.safetensors")
         _write_json(codec_dir / "config.json", codec_config)
         _write_json(codec_dir / "configuration.json", _CONFIGURATION_JSON)

@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
 import uuid
 from typing import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ from tts_engine.models.qwen3_tts.prompt import PromptBuilder, PromptInputs, Text
 from tts_engine.models.qwen3_tts.sampling import RowSampling
 from tts_engine.models.qwen3_tts.weights import validate_checkpoint_weights
 from tts_engine.request import RequestError, SpeechRequest, SynthesisResult, VoicePrompt
-from tts_engine.stages.talker import TalkerSampling, TalkerStage
+from tts_engine.stages.talker import MIN_NEW_TOKENS, TalkerSampling, TalkerStage
 from tts_engine.stages.vllm_bridge import TalkerEngine
 from tts_engine.config import DecoderStageConfig, StageConfig, TalkerStageConfig
 from tts_engine.processors.qwen3_tts import ChunkConnector, talker2code2wav_async_chunk
@@ -88,7 +89,8 @@ class TTSEngine:
                                                    dtype=torch.float32)
         self.cloner = VoiceCloner(config, self.device) if config.model_type == "base" else None
         self.connector = ChunkConnector(chunk_size=d.chunk_size, left_context_size=d.left_context_size,
-                                        initial_chunk_size=d.initial_chunk_size, chunk_growth=d.chunk_growth)
+                                        initial_chunk_size=d.initial_chunk_size, chunk_growth=d.chunk_growth,
+                                        realtime_margin_s=d.realtime_margin_ms / 1000)
         self.pipeline = AsyncDecodingPipeline(self.decoder, self.decoder_device, mode=d.decode_mode,
                                               max_batch_size=d.max_batch_size, left_context_size=d.left_context_size)
         self.talker = TalkerStage(self.talker_engine, config, self.device)
@@ -153,6 +155,10 @@ class TTSEngine:
             raise RuntimeError("the engine is closed")
         prompt_inputs, voice = self._prompt_inputs(request)
         prompt = self.prompts.build(prompt_inputs)
+        positions, limit = prompt.prefill.shape[0], self.talker_engine.max_model_len
+        if positions >= limit:
+            raise RequestError(f"text is too long: its prompt takes {positions} positions and the engine's "
+                               f"max_model_len is {limit}; split the text or raise max_model_len")
         sampling = self._sampling(request)
         request_id = request_id or uuid.uuid4().hex
         processor = self.stage_config.talker.processor
@@ -215,6 +221,31 @@ class TTSEngine:
             "vllm": set(self.talker_engine.unfinished_request_ids()),
             "connector": self.connector.active_request_ids(), "stage1": self.pipeline.active_request_ids,
         }
+
+    def warmup(self) -> float:
+        """Run one throw-away request through both stages so the first user request does not pay for
+        first-call costs (vLLM's first steps, allocator growth, kernels for each chunk shape).
+        Returns the seconds it took."""
+        start = time.perf_counter()
+        d = self.stage_config.decoder
+        frames, size, k = d.initial_chunk_size, d.initial_chunk_size, 1
+        while size < d.chunk_size:     # cover every chunk size of the schedule once
+            size = min(d.chunk_size, d.initial_chunk_size * max(2, d.chunk_growth) ** k)
+            frames += size
+            k += 1
+        kind = self.config.model_type
+        fields: dict = {"voice": VoicePrompt(torch.zeros(self.config.talker.shape.hidden_size), x_vector_only=True)}
+        if kind == "custom_voice":
+            fields = {"speaker": self.config.supported_speakers[0]}
+        elif kind == "voice_design":
+            fields = {"instruct": "A neutral voice."}
+        request = SpeechRequest(text="Warm-up.", do_sample=False, subtalker_do_sample=False,
+                                max_new_tokens=frames + 1, **fields)
+        for _ in self.stream(request):
+            pass
+        elapsed = time.perf_counter() - start
+        log.info("warm-up: %d frames through both stages in %.2f s", frames, elapsed)
+        return elapsed
 
     def stream(self, request: SpeechRequest, request_id: str | None = None) -> Iterator[StreamingChunkOutput]:
         """Blocking counterpart of `generate` for threads (e.g. a WebRTC generator); closing the
@@ -336,11 +367,13 @@ class TTSEngine:
             return default if value is None else value
 
         max_new = pick(r.max_new_tokens, g.max_new_tokens)
+        min_new = max(MIN_NEW_TOKENS, r.min_new_tokens or 0)
         temperature, top_k, top_p = pick(r.temperature, g.temperature), pick(r.top_k, g.top_k), pick(r.top_p, g.top_p)
         penalty = pick(r.repetition_penalty, g.repetition_penalty)
         sub_t, sub_k = pick(r.subtalker_temperature, g.subtalker_temperature), pick(r.subtalker_top_k, g.subtalker_top_k)
         sub_p = pick(r.subtalker_top_p, g.subtalker_top_p)
-        checks = [("max_new_tokens", max_new >= 1), ("temperature", temperature > 0), ("top_k", top_k >= 0),
+        checks = [("max_new_tokens", max_new >= 1), ("min_new_tokens", (r.min_new_tokens or 0) >= 0),
+                  ("temperature", temperature > 0), ("top_k", top_k >= 0),
                   ("top_p", 0 < top_p <= 1), ("repetition_penalty", penalty > 0),
                   ("subtalker_temperature", sub_t > 0), ("subtalker_top_k", sub_k >= 0),
                   ("subtalker_top_p", 0 < sub_p <= 1)]
@@ -352,7 +385,7 @@ class TTSEngine:
             generator = torch.Generator(device=self.device).manual_seed(int(r.seed))
         return TalkerSampling(
             greedy=not pick(r.do_sample, g.do_sample), temperature=temperature, top_k=top_k, top_p=top_p,
-            repetition_penalty=penalty, max_new_tokens=max_new, seed=r.seed,
+            repetition_penalty=penalty, max_new_tokens=max_new, min_new_tokens=min_new, seed=r.seed,
             subtalker=RowSampling(do_sample=pick(r.subtalker_do_sample, g.subtalker_do_sample),
                                   temperature=sub_t, top_k=sub_k, top_p=sub_p, generator=generator))
 

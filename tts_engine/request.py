@@ -50,6 +50,7 @@ class SpeechRequest:
     subtalker_top_k: int | None = None
     subtalker_top_p: float | None = None
     max_new_tokens: int | None = None
+    min_new_tokens: int | None = None       # EOS is masked before this many tokens (default 2, as official)
     seed: int | None = None
 
 

@@ -27,10 +27,11 @@ import threading
 import time
 import unicodedata
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -175,7 +176,7 @@ class ModelSignature:
     hidden_size: int     # talker hidden size = speaker vector length
 
     @classmethod
-    def of(cls, config) -> "ModelSignature":
+    def of(cls, config) -> ModelSignature:
         """From a `Qwen3TTSConfig` (or a signature, returned as is)."""
         if isinstance(config, ModelSignature):
             return config
@@ -382,7 +383,7 @@ class VoiceLibrary:
 
         report("saving", 0.8)
         info = VoiceInfo(
-            name=name, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            name=name, created=datetime.now(UTC).isoformat(timespec="seconds"),
             duration_s=round(len(wav24) / CODEC_RATE, 3), transcript=transcript_kept,
             mode="x_vector" if x_vector_only else "icl", model_type=self.signature.model_type,
             model_size=self.signature.model_size, hidden_size=self.signature.hidden_size,
@@ -432,7 +433,9 @@ class VoiceLibrary:
             raise CloningUnsupportedError("no engine given to clone the voice with")
         cloner = getattr(target, "cloner", target)
         if cloner is None or not (hasattr(cloner, "embed") and hasattr(cloner, "encode")):
-            kind = getattr(getattr(target, "config", None), "model_type", "this")
+            kind = getattr(getattr(target, "config", None), "model_type", None)
+            if kind is None:
+                raise CloningUnsupportedError(f"{type(target).__name__} cannot clone voices (no embed/encode)")
             raise CloningUnsupportedError(f"voice cloning needs a Base checkpoint; the loaded model is {kind}")
         return cloner
 
@@ -457,7 +460,8 @@ class VoiceLibrary:
         try:
             wav, sr = audio_utils.load_audio(source)
         except (audio_utils.AudioError, TypeError) as exc:
-            raise ReferenceAudioError(f"reference audio: {exc}") from exc
+            detail = _OBJECT_REPR.sub("the upload", str(exc))
+            raise ReferenceAudioError(f"reference audio: {detail}") from exc
         if audio_utils.is_silent(wav):
             raise ReferenceAudioError(f"reference audio is silent (peak {audio_utils.peak_dbfs(wav):.1f} dBFS)",
                                       code="audio_silent")
@@ -532,7 +536,7 @@ class VoiceLibrary:
         try:
             meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
             if not isinstance(meta, dict):
-                raise ValueError("meta.json is not an object")
+                raise TypeError("meta.json is not an object")
             info = VoiceInfo(
                 name=folder.name, created=str(meta.get("created", "")),
                 duration_s=float(meta.get("duration_s", 0.0)), transcript=meta.get("transcript"),
@@ -557,7 +561,7 @@ class VoiceLibrary:
 
         try:
             tensors = load_tensors((folder / PROMPT_FILE).read_bytes())
-        except Exception as exc:  # noqa: BLE001 -- missing or damaged file, any safetensors error
+        except Exception as exc:
             raise VoiceDamagedError(f"voice {info.name!r}: cannot read {PROMPT_FILE}: {exc}") from exc
         vector = tensors.get("speaker_vector")
         if vector is None or vector.dtype != torch.float32 or tuple(vector.shape) != (info.hidden_size,):
@@ -604,6 +608,7 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+_OBJECT_REPR = re.compile(r"<_io\.\w+ object at 0x[0-9a-fA-F]+>")
 _TMP_RE = re.compile(rf"^{re.escape(_TMP_PREFIX)}(\d+)-")
 
 
@@ -632,7 +637,20 @@ def _is_stale_tmp(folder: Path) -> bool:
     return False
 
 
-__all__ = ["VoiceCloner", "VoiceLibrary", "VoiceInfo", "ModelSignature", "VoiceLibraryError",
-           "InvalidVoiceNameError", "VoiceExistsError", "VoiceNotFoundError", "IncompatibleVoiceError",
-           "ReferenceAudioError", "CloningUnsupportedError", "VoiceDamagedError", "validate_voice_name",
-           "RESERVED_NAMES", "MAX_NAME_CHARS"]
+__all__ = [
+    "MAX_NAME_CHARS",
+    "RESERVED_NAMES",
+    "CloningUnsupportedError",
+    "IncompatibleVoiceError",
+    "InvalidVoiceNameError",
+    "ModelSignature",
+    "ReferenceAudioError",
+    "VoiceCloner",
+    "VoiceDamagedError",
+    "VoiceExistsError",
+    "VoiceInfo",
+    "VoiceLibrary",
+    "VoiceLibraryError",
+    "VoiceNotFoundError",
+    "validate_voice_name",
+]

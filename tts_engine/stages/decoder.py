@@ -6,10 +6,14 @@ concatenated stream equals one decode of the whole sequence. `context` is the se
 and the context's samples are trimmed (approximate: the decoder reaches further back than 25 frames).
 Chunks of different requests that arrive together are decoded in one batched call when they have the
 same length; each request's chunks are always decoded in order.
+
+On CUDA the decoder runs on its own stream, so its kernels overlap the talker's instead of queueing
+behind them on the default stream; a chunk's codes carry an event recorded where they were made.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -49,6 +53,7 @@ class AsyncDecodingPipeline:
         self._streams: dict[str, _Stream] = {}
         self._inbox: queue.Queue = queue.Queue()
         self._stop = threading.Event()
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._thread = threading.Thread(target=self._run, name="tts-stage1", daemon=True)
         self._thread.start()
 
@@ -65,6 +70,10 @@ class AsyncDecodingPipeline:
             raise TimeoutError("Stage 1 did not reach the barrier")
 
     def put(self, chunk: dict) -> None:
+        if self._stream is not None and chunk["codes"].is_cuda:
+            ready = torch.cuda.Event()
+            ready.record()                  # on the producer's (Stage 0) current stream
+            chunk["ready"] = ready
         self._inbox.put(("chunk", chunk["request_id"], chunk))
 
     def abort(self, request_id: str) -> None:
@@ -81,6 +90,11 @@ class AsyncDecodingPipeline:
 
     # ---- decoder thread --------------------------------------------------------------------------
     def _run(self) -> None:
+        ctx = torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
+        with ctx:
+            self._loop()
+
+    def _loop(self) -> None:
         while not self._stop.is_set():
             self._take(self._inbox.get())
             while True:
@@ -152,6 +166,13 @@ class AsyncDecodingPipeline:
     def _decode(self, batch: list, frames: int) -> list[np.ndarray]:
         if frames == 0:
             return [np.zeros(0, np.float32) for _ in batch]
+        if self._stream is not None:
+            for _, _, chunk in batch:
+                ready = chunk.pop("ready", None)
+                if ready is not None:
+                    self._stream.wait_event(ready)
+                if chunk["codes"].is_cuda:
+                    chunk["codes"].record_stream(self._stream)
         if self.mode == "exact":
             codes = torch.stack([c["codes"][c["left_context_size"]:] for _, _, c in batch]).to(self.device)
             wav = self.decoder.decode_step([s.state for _, s, _ in batch], codes)

@@ -6,6 +6,11 @@ Each step, `decode_embeddings` runs the code predictor for every request whose c
 just sampled, completing that frame, and returns the talker's next input embedding; `process_logits`
 records the hidden state the predictor needs and applies the official logits processors (repetition
 penalty over generated codebook-0 tokens, minimum of 2 tokens before EOS, suppressed special ids).
+
+The hooks run once per engine step for the whole batch, so they avoid per-row device work and host
+syncs: each request owns a row ("slot") of two device tables (the talker state that produced its
+pending token, and the codebook-0 tokens it has generated), and the batch's slot indices, sampling
+settings and step counters are uploaded only when the batch composition changes.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import torch
 
 from tts_engine.models.qwen3_tts.config import Qwen3TTSConfig
 from tts_engine.models.qwen3_tts.prompt import TalkerPrompt
-from tts_engine.models.qwen3_tts.sampling import BatchSampling, RowSampling
+from tts_engine.models.qwen3_tts.sampling import BatchSampling, RowSampling, to_device
 from tts_engine.stages.vllm_bridge import PreemptedRequest, TalkerEngine
 
 log = logging.getLogger(__name__)
@@ -40,6 +45,7 @@ class TalkerSampling:
     max_new_tokens: int
     seed: int | None
     subtalker: RowSampling
+    min_new_tokens: int = MIN_NEW_TOKENS     # EOS is masked until this many tokens (fixed-length runs)
 
 
 @dataclass
@@ -49,10 +55,9 @@ class _RequestState:
     sampling: TalkerSampling
     on_frames: FramesCallback
     on_finish: FinishCallback
-    seen: torch.Tensor                      # [vocab] bool: codebook-0 tokens generated so far
+    slot: int = -1                          # row of TalkerStage's per-request device tables
     internal_id: str = ""
     step: int = 0                           # decode steps fed so far (= frames completed)
-    hidden: torch.Tensor | None = None      # talker state that produced the pending codebook-0 token
     pending: list[torch.Tensor] = field(default_factory=list)   # frames not yet handed out
     error: str | None = None
 
@@ -72,8 +77,19 @@ class TalkerStage:
         self.suppress[self.eos] = False
         self._by_internal: dict[str, _RequestState] = {}
         self._by_id: dict[str, _RequestState] = {}
+        # Per-request device tables, one row per slot (grown on demand): the talker state that
+        # produced each request's pending codebook-0 token, and the codebook-0 tokens it generated.
+        self._free_slots: list[int] = []
+        self._slot_count = 0
+        self._hidden_table: torch.Tensor | None = None
+        self._seen_table: torch.Tensor | None = None
+        self._decode_batch: _BatchCache | None = None
+        self._logits_batch: _BatchCache | None = None
         self._commands: queue.Queue = queue.Queue()
         self._stop = threading.Event()
+        if self.device.type == "cuda" and not engine.enforce_eager:
+            # One graph per batch bucket up to the engine's batch limit, captured before serving.
+            self.model.code_predictor.enable_cuda_graphs(engine.max_num_seqs)
         engine.attach(self)
         self._thread = threading.Thread(target=self._run, name="tts-stage0", daemon=True)
         self._thread.start()
@@ -81,8 +97,7 @@ class TalkerStage:
     # ---- commands (any thread) -------------------------------------------------------------------
     def submit(self, request_id: str, prompt: TalkerPrompt, sampling: TalkerSampling,
                on_frames: FramesCallback, on_finish: FinishCallback) -> None:
-        seen = torch.zeros(self.config.talker.vocab_size, dtype=torch.bool, device=self.device)
-        state = _RequestState(request_id, prompt, sampling, on_frames, on_finish, seen)
+        state = _RequestState(request_id, prompt, sampling, on_frames, on_finish)
         self._commands.put(("add", state))
 
     def abort(self, request_id: str) -> None:
@@ -144,6 +159,7 @@ class TalkerStage:
             except Exception as exc:
                 state.on_finish(f"talker rejected the request: {exc}")
                 return
+            state.slot = self._take_slot()
             self._by_internal[state.internal_id] = state
             self._by_id[state.request_id] = state
         elif cmd == "barrier":
@@ -157,9 +173,50 @@ class TalkerStage:
     def _release(self, state: _RequestState, error: str | None) -> None:
         self._by_internal.pop(state.internal_id, None)
         self._by_id.pop(state.request_id, None)
+        if state.slot >= 0:
+            self._free_slots.append(state.slot)
+            state.slot = -1
         state.prompt = None  # type: ignore[assignment]  # free device tensors now
-        state.hidden = None
         state.on_finish(error)
+
+    def _take_slot(self) -> int:
+        if not self._free_slots:
+            grow = max(8, self._slot_count)
+            self._free_slots.extend(range(self._slot_count + grow - 1, self._slot_count - 1, -1))
+            self._slot_count += grow
+            vocab = self.config.talker.vocab_size
+            seen = torch.zeros(self._slot_count, vocab, dtype=torch.bool, device=self.device)
+            if self._seen_table is not None:
+                seen[:self._seen_table.shape[0]] = self._seen_table
+            self._seen_table = seen
+            if self._hidden_table is not None:
+                hidden = self._hidden_table.new_zeros(self._slot_count, self._hidden_table.shape[1])
+                hidden[:self._hidden_table.shape[0]] = self._hidden_table
+                self._hidden_table = hidden
+            self._decode_batch = self._logits_batch = None
+        slot = self._free_slots.pop()
+        self._seen_table[slot] = False
+        self._decode_batch = self._logits_batch = None   # a reused slot may carry other settings
+        return slot
+
+    def _batch(self, which: str, states: list[_RequestState]) -> "_BatchCache":
+        """Device tensors describing this step's rows, rebuilt only when the composition changes."""
+        cached = self._decode_batch if which == "decode" else self._logits_batch
+        key = tuple(s.slot for s in states)
+        if cached is not None and cached.key == key:
+            return cached
+        slots = to_device(list(key), torch.long, self.device)
+        if which == "decode":
+            batch = _BatchCache(key, slots, sampling=BatchSampling.stack([s.sampling.subtalker for s in states],
+                                                                          self.device))
+            self._decode_batch = batch
+        else:
+            batch = _BatchCache(key, slots)
+            batch.penalty = to_device([s.sampling.repetition_penalty for s in states], torch.float32,
+                                      self.device).unsqueeze(1)
+            batch.min_new = to_device([s.sampling.min_new_tokens for s in states], torch.long, self.device)
+            self._logits_batch = batch
+        return batch
 
     def _fail_all(self, message: str) -> None:
         states = list(self._by_id.values())
@@ -170,8 +227,9 @@ class TalkerStage:
     def _deliver(self, outputs) -> None:
         for state in list(self._by_id.values()):
             if state.pending:
-                frames = torch.stack(state.pending)
-                state.pending.clear()
+                pending = state.pending
+                frames = pending[0].unsqueeze(0) if len(pending) == 1 else torch.stack(pending)
+                state.pending = []
                 state.on_frames(frames)
         for out in outputs:
             state = self._by_id.get(out.request_id)
@@ -182,18 +240,18 @@ class TalkerStage:
     @torch.inference_mode()
     def decode_embeddings(self, token_ids: torch.Tensor, rows: list[str]) -> torch.Tensor:
         states = [self._by_internal[r] for r in rows]
-        hidden = torch.stack([s.hidden for s in states])
+        batch = self._batch("decode", states)
+        hidden = self._hidden_table[batch.slots]
         embed_tokens = self.model.model.embed_tokens
         c0_embed = embed_tokens(token_ids)
-        params = BatchSampling.stack([s.sampling.subtalker for s in states], self.device)
-        codes, frame_embed = self.model.code_predictor.predict(hidden, c0_embed, params)
+        codes, frame_embed = self.model.code_predictor.predict(hidden, c0_embed, batch.sampling)
         frames = torch.cat([token_ids.unsqueeze(1), codes], dim=1)
+        self._seen_table[batch.slots, token_ids] = True
         text = []
         for i, s in enumerate(states):
             trailing = s.prompt.trailing
             text.append(trailing[s.step] if s.step < trailing.shape[0] else s.prompt.tts_pad)
             s.pending.append(frames[i])
-            s.seen[token_ids[i]] = True
             s.step += 1
         return frame_embed + torch.stack(text).to(frame_embed.dtype)
 
@@ -202,14 +260,34 @@ class TalkerStage:
         states = [self._by_internal.get(r) for r in rows]
         if any(s is None for s in states):
             return logits
-        for i, s in enumerate(states):
-            s.hidden = hidden[i].clone()
-        seen = torch.stack([s.seen for s in states])
-        penalty = torch.tensor([s.sampling.repetition_penalty for s in states], device=logits.device,
-                               dtype=logits.dtype).unsqueeze(1)
+        if self._hidden_table is None or self._hidden_table.dtype != hidden.dtype:
+            self._hidden_table = hidden.new_zeros(self._slot_count, hidden.shape[1])
+        batch = self._batch("logits", states)
+        steps = [s.step for s in states]
+        if batch.steps is not None and batch.host_steps is not None and steps == [t + 1 for t in batch.host_steps]:
+            batch.steps += 1              # the usual case: every row advanced by one frame
+        else:
+            batch.steps = to_device(steps, torch.long, self.device)
+        batch.host_steps = steps
+        self._hidden_table.index_copy_(0, batch.slots, hidden)
+        seen = self._seen_table[batch.slots]
+        penalty = batch.penalty.to(logits.dtype)
         penalized = torch.where(logits < 0, logits * penalty, logits / penalty)
         logits = torch.where(seen, penalized, logits)
-        early = torch.tensor([s.step < MIN_NEW_TOKENS for s in states], device=logits.device)
+        early = batch.steps < batch.min_new
         logits[:, self.eos] = torch.where(early, torch.full_like(logits[:, self.eos], float("-inf")),
                                           logits[:, self.eos])
         return logits.masked_fill(self.suppress, float("-inf"))
+
+
+@dataclass
+class _BatchCache:
+    """Device-side description of one step's batch (rows in vLLM's order)."""
+
+    key: tuple[int, ...]                     # the rows' slots
+    slots: torch.Tensor
+    sampling: BatchSampling | None = None    # decode hook: code-predictor sampling settings
+    penalty: torch.Tensor | None = None      # logits hook: [B, 1] repetition penalties
+    min_new: torch.Tensor | None = None      # [B] minimum tokens before EOS
+    steps: torch.Tensor | None = None        # [B] tokens fed so far (device copy of host_steps)
+    host_steps: list[int] | None = None

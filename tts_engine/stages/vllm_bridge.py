@@ -196,6 +196,8 @@ class TalkerEngine:
         self.runner = self.engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
         self.model = self.runner.model
         self.max_model_len = max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.enforce_eager = enforce_eager
         self._check_capacity(max_num_seqs, max_model_len)
 
     def _check_capacity(self, max_num_seqs: int, max_model_len: int) -> None:

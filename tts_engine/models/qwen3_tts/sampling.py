@@ -40,14 +40,23 @@ class BatchSampling:
     def stack(rows: list[RowSampling], device: torch.device) -> "BatchSampling":
         sample = [r.do_sample for r in rows]
         return BatchSampling(
-            do_sample=torch.tensor(sample, dtype=torch.bool, device=device),
-            temperature=torch.tensor([r.temperature if r.do_sample else 1.0 for r in rows], device=device),
-            top_k=torch.tensor([max(0, r.top_k) for r in rows], dtype=torch.long, device=device),
-            top_p=torch.tensor([r.top_p for r in rows], dtype=torch.float32, device=device),
+            do_sample=to_device(sample, torch.bool, device),
+            temperature=to_device([r.temperature if r.do_sample else 1.0 for r in rows], torch.float32, device),
+            top_k=to_device([max(0, r.top_k) for r in rows], torch.long, device),
+            top_p=to_device([r.top_p for r in rows], torch.float32, device),
             generators=[r.generator if r.do_sample else None for r in rows],
             any_sample=any(sample),
             any_top_p=any(r.do_sample and r.top_p < 1.0 for r in rows),
         )
+
+
+def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small host list as a device tensor without a host sync: `torch.tensor(..., device="cuda")`
+    copies synchronously (waits for all queued GPU work); a pinned staging copy does not."""
+    host = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def _filter_top_k(scores: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
@@ -74,17 +83,43 @@ def _exponential_noise(shape: torch.Size, generators: list[torch.Generator | Non
     return noise
 
 
-def sample(logits: torch.Tensor, params: BatchSampling) -> torch.Tensor:
-    """logits [B, V] -> token ids [B]; greedy rows take the argmax of the raw logits."""
+def draw_noise(shape: tuple[int, ...], generators: list[torch.Generator | None], device: torch.device,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """Exp(1) noise [B, ...] for `sample(..., noise=)`: rows with a generator draw from it (seeded
+    requests reproduce whatever they are batched with), the rest from the default generator. `out`
+    (a preallocated buffer, e.g. a CUDA graph's static input) is filled in place."""
+    noise = out if out is not None else torch.empty(shape, device=device)
+    noise.exponential_()
+    for row, gen in enumerate(generators):
+        if gen is not None:
+            noise[row].exponential_(generator=gen)
+    return noise
+
+
+def sample(logits: torch.Tensor, params: BatchSampling, noise: torch.Tensor | None = None) -> torch.Tensor:
+    """logits [B, V] -> token ids [B]; greedy rows take the argmax of the raw logits.
+
+    `noise` [B, V] (Exp(1), see `draw_noise`) is drawn here when not given; passing it makes the
+    function free of host-side work, so it can run inside a captured CUDA graph.
+    """
+    if noise is None and params.any_sample:
+        noise = _exponential_noise(logits.shape, params.generators, logits.device)
+    return sample_rows(logits, params.do_sample, params.temperature, params.top_k, params.top_p, noise,
+                       params.any_sample, params.any_top_p)
+
+
+def sample_rows(logits: torch.Tensor, do_sample: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
+                top_p: torch.Tensor, noise: torch.Tensor | None, any_sample: bool, any_top_p: bool) -> torch.Tensor:
+    """`sample` on plain tensors (what a compiled function can take); `noise` is needed when sampling."""
     greedy = logits.argmax(dim=-1)
-    if not params.any_sample:
+    if not any_sample:
         return greedy
-    scores = logits.float() / params.temperature.unsqueeze(-1)
-    scores = _filter_top_k(scores, params.top_k)
-    if params.any_top_p:
-        scores = _filter_top_p(scores, params.top_p)
+    scores = logits.float() / temperature.unsqueeze(-1)
+    scores = _filter_top_k(scores, top_k)
+    if any_top_p:
+        scores = _filter_top_p(scores, top_p)
     probs = scores.softmax(dim=-1)
     # Exponential race: argmax(p / E), E ~ Exp(1), draws exactly from p and lets each row use its own
     # generator without a per-row multinomial call.
-    drawn = (probs / _exponential_noise(probs.shape, params.generators, probs.device)).argmax(dim=-1)
-    return torch.where(params.do_sample, drawn, greedy)
+    drawn = (probs / noise).argmax(dim=-1)
+    return torch.where(do_sample, drawn, greedy)

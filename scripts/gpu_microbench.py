@@ -1,0 +1,146 @@
+"""Microbenchmarks of the two launch-heavy pieces outside vLLM: the code predictor (eager vs CUDA
+graphs, per batch) and the Code2Wav decoder (per batch x chunk length, eager vs a captured graph).
+
+Runs on random weights in the released shapes (no checkpoint, no vLLM). Prints a table and writes
+JSON to --out. On CPU it runs tiny shapes only (a smoke test of the script itself).
+
+    python scripts/gpu_microbench.py --out /tmp/micro.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tts_engine.demo_checkpoint import _full_decoder_config, demo_config, full_config  # noqa: E402
+from tts_engine.models.qwen3_tts.code_predictor import CodePredictor  # noqa: E402
+from tts_engine.models.qwen3_tts.codec_decoder import Code2WavConfig, Code2WavDecoder  # noqa: E402
+from tts_engine.models.qwen3_tts.config import _read_talker, _Reader  # noqa: E402
+from tts_engine.models.qwen3_tts.sampling import BatchSampling, RowSampling  # noqa: E402
+
+
+def timed(fn, device, reps: int = 20, warmup: int = 3) -> float:
+    """Median wall ms of fn() with a device sync after each call (what a caller waiting on it sees)."""
+    for _ in range(warmup):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def predictor_bench(shape: str, device, dtype, batches, results: list) -> None:
+    cfg = full_config("custom_voice", shape) if shape != "tiny" else demo_config("custom_voice", "0b6")
+    talker = _read_talker(_Reader(cfg["talker_config"], Path("talker_config")))
+    torch.manual_seed(0)
+    with torch.device(device):
+        predictor = CodePredictor(talker).to(dtype).eval().requires_grad_(False)
+    h = talker.shape.hidden_size
+    for b in batches:
+        hidden = torch.randn(b, h, device=device, dtype=dtype)
+        c0 = torch.randn(b, h, device=device, dtype=dtype)
+        sampled = BatchSampling.stack([RowSampling(True, 0.9, 50, 1.0) for _ in range(b)], device)
+        greedy = BatchSampling.stack([RowSampling(False) for _ in range(b)], device)
+        predictor.graphs = None
+        with torch.inference_mode():
+            eager_ms = timed(lambda: predictor.predict(hidden, c0, sampled), device)
+            eager_codes = predictor.predict(hidden, c0, greedy)[0]
+        row = {"what": "predictor", "shape": shape, "batch": b, "eager_ms": round(eager_ms, 3)}
+        if device.type == "cuda":
+            t = time.perf_counter()
+            predictor.enable_cuda_graphs(b, warmup=False)
+            with torch.inference_mode():
+                predictor.predict(hidden, c0, sampled)
+                torch.cuda.synchronize()
+                row["capture_s"] = round(time.perf_counter() - t, 3)
+                row["graph_ms"] = round(timed(lambda: predictor.predict(hidden, c0, sampled), device), 3)
+                graph_codes = predictor.predict(hidden, c0, greedy)[0]
+            row["greedy_equal"] = bool(torch.equal(graph_codes, eager_codes))
+            row["bucket"] = predictor.graphs.bucket(b)
+        results.append(row)
+        print(json.dumps(row), flush=True)
+
+
+def decoder_bench(shape: str, device, cases, results: list, tf32: bool) -> None:
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    cfg = Code2WavConfig.from_dict(_full_decoder_config() if shape != "tiny" else
+                                   {**_full_decoder_config(), "codebook_dim": 16, "latent_dim": 32, "hidden_size": 32,
+                                    "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                                    "num_key_value_heads": 2, "head_dim": 16, "decoder_dim": 64})
+    torch.manual_seed(0)
+    decoder = Code2WavDecoder(cfg)
+    with torch.no_grad():
+        for name, p in decoder.named_parameters():
+            if name.endswith("embedding_sum"):
+                p.normal_()
+            elif name.endswith(("alpha", "beta")):
+                p.normal_(0, 0.3)
+    decoder.quantizer.refresh_codebooks()
+    decoder = decoder.to(device).eval().requires_grad_(False)
+    for b, n in cases:
+        codes = torch.randint(0, 2048, (b, n, 16), device=device)
+        state = decoder.new_stream_state(b)
+        ms = timed(lambda: decoder.decode_step(state, codes), device, reps=10)
+        row = {"what": "decoder", "shape": shape, "batch": b, "frames": n, "tf32": tf32, "eager_ms": round(ms, 3),
+               "ms_per_audio_s": round(ms / (b * n * 0.08), 3)}
+        if device.type == "cuda":
+            row["graph_ms"] = round(_decoder_graph_ms(decoder, b, n, device), 3)
+        results.append(row)
+        print(json.dumps(row), flush=True)
+
+
+def _decoder_graph_ms(decoder: Code2WavDecoder, b: int, n: int, device) -> float:
+    """What a captured graph of one decode step would cost (static state in, new state out)."""
+    codes = torch.randint(0, 2048, (b, n, 16), device=device)
+    state = decoder.new_stream_state(b)
+    with torch.inference_mode():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                decoder._run(codes, state)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            decoder._run(codes, state)
+        return timed(graph.replay, device, reps=20)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="micro.json")
+    ap.add_argument("--skip-decoder", action="store_true")
+    args = ap.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    results: list = []
+    if device.type == "cuda":
+        print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+        for shape in ("0.6b", "1.7b"):
+            predictor_bench(shape, device, torch.bfloat16, (1, 4, 16, 64), results)
+        if not args.skip_decoder:
+            cases = [(1, 1), (1, 2), (1, 4), (1, 8), (1, 25), (4, 25), (16, 1), (16, 4), (16, 25), (64, 25)]
+            for tf32 in (False, True):
+                decoder_bench("full", device, cases, results, tf32)
+    else:
+        predictor_bench("tiny", device, torch.float32, (1, 4), results)
+        decoder_bench("tiny", device, [(1, 1), (2, 4)], results, False)
+    Path(args.out).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
