@@ -40,6 +40,7 @@ class AppSettings:
     max_sessions: int = 8          # concurrent WebRTC sessions (agents + UI)
     max_concurrent: int = 8        # concurrent HTTP synthesis requests
     session_time_limit: int = 900  # seconds a WebRTC connection may stay open
+    preroll_s: float = 0.0         # audio held back before playback starts (slow machines)
     demo: bool = False
 
 
@@ -54,6 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--voices", default=str(ROOT / "voices"), help="voice library folder")
     parser.add_argument("--max-input-chars", type=int, default=5000)
     parser.add_argument("--max-sessions", type=int, default=8)
+    parser.add_argument("--preroll-ms", type=int, default=None,
+                        help="audio to buffer before playback starts; default 0 on GPU, 800 on CPU, where "
+                             "frames come too slowly for the growing chunk schedule to stay ahead of playback")
     parser.add_argument("--demo", action="store_true",
                         help="build and serve a tiny random model (offline; the sound is not speech)")
     parser.add_argument("--demo-type", default="base", choices=["base", "custom_voice", "voice_design"])
@@ -121,6 +125,30 @@ def ensure_sample_voice(engine, library) -> None:
 
 
 # ---- WebRTC: voice-agent sessions ---------------------------------------------------------------
+class Preroll:
+    """Holds the first `seconds` of an utterance's audio back, then passes everything through.
+
+    fastrtc plays frames at real-time pace as they arrive; when the engine produces audio only a little
+    faster than real time (CPU), the growing chunk schedule would leave the listener waiting between
+    early chunks. A short pre-roll trades that much latency for gapless playback.
+    """
+
+    def __init__(self, seconds: float):
+        self.needed = max(0.0, seconds) * SAMPLE_RATE
+        self.held: list[np.ndarray] = []
+
+    def push(self, audio: np.ndarray, finished: bool) -> list[np.ndarray]:
+        if not self.held and self.needed <= 0:
+            return [audio] if audio.size else []
+        if audio.size:
+            self.held.append(audio)
+        if finished or sum(a.shape[0] for a in self.held) >= self.needed:
+            out, self.held, self.needed = self.held, [], 0.0
+            return [np.concatenate(out)] if out else []
+        return []
+
+
+
 def make_agent_handler_class():
     from fastrtc import AsyncStreamHandler, wait_for_item
 
@@ -132,10 +160,11 @@ def make_agent_handler_class():
         queued audio at once.
         """
 
-        def __init__(self, engine=None, library=None):
+        def __init__(self, engine=None, library=None, preroll_s: float = 0.0):
             super().__init__(output_sample_rate=SAMPLE_RATE, input_sample_rate=48000)
             from tts_engine.text_stream import ClauseAssembler
-            self.engine, self.library = engine, library
+            self.engine, self.library, self.preroll_s = engine, library, preroll_s
+            self.playing_until = 0.0   # when the audio handed to fastrtc so far will have played
             self.audio: asyncio.Queue = asyncio.Queue()
             self.clauses = ClauseAssembler()
             self.pending: asyncio.Queue = asyncio.Queue()
@@ -143,7 +172,7 @@ def make_agent_handler_class():
             self.stats: list[dict] = []
 
         def copy(self) -> "AgentSpeaker":
-            return AgentSpeaker(self.engine, self.library)
+            return AgentSpeaker(self.engine, self.library, self.preroll_s)
 
         async def receive(self, frame) -> None:
             return None  # the agent's microphone track (or a silent one) is not used
@@ -166,20 +195,26 @@ def make_agent_handler_class():
                 start = time.perf_counter()
                 first = None
                 request = SpeechRequest(text=clause, language=language, **fields)
+                held = Preroll(self.preroll_s - max(0.0, self.playing_until - time.monotonic()))
                 async for chunk in self.engine.generate(request):
                     if first is None:
                         first = time.perf_counter() - start
-                    if chunk.audio.size:
-                        await self.audio.put((SAMPLE_RATE, chunk.audio.reshape(1, -1)))
+                    for piece in held.push(chunk.audio, chunk.is_finished):
+                        await self._play(piece)
                 if last:
-                    await self.audio.put((SAMPLE_RATE, TAIL_SILENCE))
+                    await self._play(TAIL_SILENCE[0])
                 m = chunk.metrics
                 self.stats.append({"text": clause, "first_chunk_ms": round(1000 * (first or 0), 1),
                                    "audio_s": round(m.audio_seconds, 3) if m else None,
                                    "rtf": round(m.real_time_factor, 3) if m and m.real_time_factor else None})
                 del self.stats[:-50]
 
+        async def _play(self, audio: np.ndarray) -> None:
+            self.playing_until = max(self.playing_until, time.monotonic()) + audio.shape[-1] / SAMPLE_RATE
+            await self.audio.put((SAMPLE_RATE, audio.reshape(1, -1)))
+
         def interrupt(self) -> None:
+            self.playing_until = 0.0
             self.clauses.clear()
             while not self.pending.empty():
                 self.pending.get_nowait()
@@ -242,11 +277,13 @@ def build_ui(engine, library, settings: AppSettings, rtc, rtc_warning: str | Non
         first, pieces = None, []
         request_id = uuid.uuid4().hex
         active[session] = request_id
+        held = Preroll(settings.preroll_s)
         try:
             for chunk in engine.stream(request, request_id=request_id):
                 if first is None:
                     first = time.perf_counter() - start
                 pieces.append(chunk.audio)
+                ready = held.push(chunk.audio, chunk.is_finished)
                 if chunk.is_finished:
                     audio = np.concatenate(pieces)
                     path = downloads / f"utterance-{session[:8]}.wav"
@@ -256,10 +293,11 @@ def build_ui(engine, library, settings: AppSettings, rtc, rtc_warning: str | Non
                     rtf = (m.finished_s / seconds) if seconds else 0.0
                     info = (f"**Time to first audio:** {1000 * first:.0f} ms (server) · **RTF:** {rtf:.2f} "
                             f"· {seconds:.2f} s of audio, {m.frames} frames")
-                    tail = np.concatenate([chunk.audio.reshape(1, -1), TAIL_SILENCE], axis=1)
+                    tail = np.concatenate([*[r.reshape(1, -1) for r in ready], TAIL_SILENCE], axis=1)
                     yield (SAMPLE_RATE, tail), AdditionalOutputs(info, str(path))
-                elif chunk.audio.size:
-                    yield SAMPLE_RATE, chunk.audio.reshape(1, -1)
+                else:
+                    for piece in ready:
+                        yield SAMPLE_RATE, piece.reshape(1, -1)
         except Exception as exc:   # aborted by Stop, or a failure: end the stream with a message
             yield CloseStream("stopped" if "aborted" in str(exc) else f"synthesis failed: {exc}")
             return
@@ -444,7 +482,7 @@ def build_app(engine, library, settings: AppSettings):
         max_input_chars=settings.max_input_chars, max_concurrent=settings.max_concurrent)))
 
     AgentSpeaker = make_agent_handler_class()
-    stream = Stream(AgentSpeaker(engine, library), mode="send-receive", modality="audio",
+    stream = Stream(AgentSpeaker(engine, library, settings.preroll_s), mode="send-receive", modality="audio",
                     concurrency_limit=settings.max_sessions, time_limit=settings.session_time_limit,
                     rtc_configuration=rtc_client, server_rtc_configuration=rtc_server)
     app.state.stream = stream
@@ -538,8 +576,9 @@ def main(argv: list[str] | None = None) -> None:
         engine.warmup()
         library = VoiceLibrary(Path(args.voices), engine.config)
         ensure_sample_voice(engine, library)
+        preroll_ms = args.preroll_ms if args.preroll_ms is not None else (0 if engine.device.type == "cuda" else 800)
         settings = AppSettings(max_input_chars=args.max_input_chars, max_sessions=args.max_sessions,
-                               demo=args.demo)
+                               preroll_s=preroll_ms / 1000, demo=args.demo)
         app = build_app(engine, library, settings)
         log.info("serving on http://%s:%d (UI at /, API docs at /docs)", args.host, args.port)
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

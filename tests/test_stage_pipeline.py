@@ -74,31 +74,6 @@ def test_chunk_growth_schedule():
     assert new == [1, 2, 4, 8, 16, 25, 25, 9]
 
 
-@pytest.mark.parametrize("frame_s", [0.01, 0.06, 0.075])
-def test_realtime_margin_keeps_a_player_fed(monkeypatch, frame_s):
-    """Frames slower than the doubling schedule assumes (but faster than real time): replay the chunk
-    arrivals against a player that starts with the first chunk; it must never wait for audio."""
-    import tts_engine.processors.qwen3_tts as proc
-    clock = [100.0]
-    monkeypatch.setattr(proc.time, "perf_counter", lambda: clock[0])
-    connector = ChunkConnector(chunk_size=25, initial_chunk_size=1, chunk_growth=2, realtime_margin_s=0.03)
-    request, arrivals = _Request("slow"), []
-    for frame in _codes(7, 120):
-        clock[0] += frame_s
-        chunk = talker2code2wav_async_chunk(connector, {"codes": frame[None]}, request)
-        if chunk is not None:
-            arrivals.append((clock[0], chunk["codes"].shape[0] - chunk["left_context_size"]))
-    start, audio_end = arrivals[0][0], arrivals[0][0]
-    for at, frames in arrivals:
-        assert at <= audio_end + 1e-9, f"chunk at {at - start:.2f} s arrived after the audio ran out"
-        audio_end = max(audio_end, at) + frames * 0.08
-    sizes = [n for _, n in arrivals]
-    if frame_s <= 0.01:
-        assert sizes[:6] == [1, 2, 4, 8, 16, 25], "fast frames keep the planned schedule"
-    else:
-        assert sizes[:6] != [1, 2, 4, 8, 16, 25], "slow frames must change the schedule"
-
-
 def test_batch_processor_sends_everything_once():
     connector = ChunkConnector()
     codes = _codes(1)

@@ -51,36 +51,14 @@ def _frames(chunk) -> int:
     return 0 if chunk.codec_codes is None else chunk.codec_codes.shape[0]
 
 
-@pytest.fixture()
-def fixed_schedule(engine):
-    """The planned chunk schedule only: no early chunks when this busy CPU falls behind real time."""
-    saved = engine.connector.realtime_margin_s
-    engine.connector.realtime_margin_s = 0.0
-    yield engine.connector
-    engine.connector.realtime_margin_s = saved
-
-
-def test_growing_chunks_from_the_config(engine, voices, fixed_schedule):
+def test_growing_chunks_from_the_config(engine, voices):
     assert engine.connector.chunk_growth == 2   # configs/qwen3_tts_tiny_cpu.yaml
-    assert engine.stage_config.decoder.realtime_margin_ms == 150
     chunks = _collect(engine, SpeechRequest(text="Growing chunks.", voice=voices["a_xvec"], max_new_tokens=80,
                                             **GREEDY))
     assert [_frames(c) for c in chunks][:6] == [1, 2, 4, 8, 16, 25]
 
 
-def test_early_chunks_keep_a_slow_stream_gapless(engine, voices):
-    """With a margin far above what the player could hold, every frame is sent as soon as it exists."""
-    saved = engine.connector.realtime_margin_s
-    engine.connector.realtime_margin_s = 60.0
-    try:
-        chunks = _collect(engine, SpeechRequest(text="Early chunks.", voice=voices["a_xvec"], max_new_tokens=12,
-                                                **GREEDY))
-    finally:
-        engine.connector.realtime_margin_s = saved
-    assert [_frames(c) for c in chunks[:-1]] == [1] * (len(chunks) - 1)
-
-
-def test_stream_is_delta_exact_and_equals_synthesize(engine, voices, fixed_schedule):
+def test_stream_is_delta_exact_and_equals_synthesize(engine, voices):
     request = SpeechRequest(text="Streaming test sentence, long enough for several chunks.", voice=voices["a_xvec"],
                             max_new_tokens=60, **GREEDY)
     engine.connector.chunk_growth = 1       # the seed's schedule: initial_chunk_size, then chunk_size
@@ -110,7 +88,7 @@ def test_stream_is_delta_exact_and_equals_synthesize(engine, voices, fixed_sched
 
 
 @pytest.mark.parametrize("initial, size", [(4, 7), (1, 1)])
-def test_live_chunking_variants(engine, voices, fixed_schedule, initial, size):
+def test_live_chunking_variants(engine, voices, initial, size):
     saved = (engine.connector.initial_chunk_size, engine.connector.chunk_size, engine.connector.chunk_growth)
     engine.connector.initial_chunk_size, engine.connector.chunk_size, engine.connector.chunk_growth = initial, size, 1
     try:

@@ -31,7 +31,7 @@ _TALKER_ARGS = {"model_stage": (str, True), "worker_type": (str, False), "engine
                 "enforce_eager": (bool, False)}
 _DECODER_ARGS = {"model_stage": (str, True), "worker_type": (str, False), "engine_output_type": (str, False),
                  "chunk_size": (int, False), "left_context_size": (int, False), "initial_chunk_size": (int, False),
-                 "chunk_growth": (int, False), "realtime_margin_ms": (int, False), "decode_mode": (str, False)}
+                 "chunk_growth": (int, False), "decode_mode": (str, False)}
 _SAMPLING = {"temperature": (float, False), "top_k": (int, False), "top_p": (float, False),
              "repetition_penalty": (float, False), "max_tokens": (int, False), "do_sample": (bool, False),
              "subtalker_do_sample": (bool, False), "subtalker_temperature": (float, False),
@@ -57,7 +57,6 @@ class DecoderStageConfig:
     left_context_size: int = 25
     initial_chunk_size: int = 1
     chunk_growth: int = 1           # >1: chunks grow geometrically from the first to chunk_size
-    realtime_margin_ms: int = 0     # >0: send a chunk early when a real-time player would run dry
     decode_mode: str = "exact"      # exact (carried state) | context (the seed's left-context method)
     max_batch_size: int = 16
 
@@ -222,7 +221,6 @@ def parse_stage_config(data: Any, where: str = "<stage config>") -> StageConfig:
         left_context_size=positive(p1 + "engine_args.", a1, "left_context_size", 25, minimum=0),
         initial_chunk_size=positive(p1 + "engine_args.", a1, "initial_chunk_size", 1), decode_mode=mode,
         chunk_growth=positive(p1 + "engine_args.", a1, "chunk_growth", 1),
-        realtime_margin_ms=positive(p1 + "engine_args.", a1, "realtime_margin_ms", 0, minimum=0),
         max_batch_size=positive(p1 + "runtime.", s1.get("runtime", {}), "max_batch_size", 16))
     return StageConfig(path=None, async_chunk=data["async_chunk"], model=data.get("model"), talker=talker,
                        decoder=decoder)

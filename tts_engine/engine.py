@@ -89,8 +89,7 @@ class TTSEngine:
                                                    dtype=torch.float32)
         self.cloner = VoiceCloner(config, self.device) if config.model_type == "base" else None
         self.connector = ChunkConnector(chunk_size=d.chunk_size, left_context_size=d.left_context_size,
-                                        initial_chunk_size=d.initial_chunk_size, chunk_growth=d.chunk_growth,
-                                        realtime_margin_s=d.realtime_margin_ms / 1000)
+                                        initial_chunk_size=d.initial_chunk_size, chunk_growth=d.chunk_growth)
         self.pipeline = AsyncDecodingPipeline(self.decoder, self.decoder_device, mode=d.decode_mode,
                                               max_batch_size=d.max_batch_size, left_context_size=d.left_context_size)
         self.talker = TalkerStage(self.talker_engine, config, self.device)

@@ -12,7 +12,6 @@ geometrically up to `chunk_size` (for real-time players fed by a one-frame first
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -34,38 +33,16 @@ class ChunkConnector:
     left_context_size: int = 25
     initial_chunk_size: int = 1
     chunk_growth: int = 1       # >1: chunk sizes grow geometrically from initial_chunk_size to chunk_size
-    realtime_margin_s: float = 0.0  # >0: emit early rather than let a real-time player run dry
-    frame_seconds: float = 0.08     # audio per frame (12.5 Hz)
     code_prompt_token_ids: dict[str, list[torch.Tensor]] = field(default_factory=lambda: defaultdict(list))
     put_requests: dict[str, int] = field(default_factory=lambda: defaultdict(int))   # chunks sent
     sent_frames: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    first_sent_at: dict[str, tuple[float, int]] = field(default_factory=dict)  # (time, frames buffered then)
 
     def free(self, request_id: str) -> None:
-        for table in (self.code_prompt_token_ids, self.put_requests, self.sent_frames, self.first_sent_at):
+        for table in (self.code_prompt_token_ids, self.put_requests, self.sent_frames):
             table.pop(request_id, None)
 
     def active_request_ids(self) -> set[str]:
-        return (set(self.code_prompt_token_ids) | set(self.put_requests) | set(self.sent_frames)
-                | set(self.first_sent_at))
-
-    def starving(self, request_id: str, now: float) -> bool:
-        """Would a player that started with the first chunk run out of audio before the next frame?
-
-        The fixed schedule is ideal when frames come much faster than real time (GPU). When they do
-        not (CPU, heavy load), a growing chunk would arrive after the previous audio ran out; this
-        check lets the processor send what it has instead, so playback stays gapless as long as
-        generation is faster than real time at all.
-        """
-        first = self.first_sent_at.get(request_id)
-        if self.realtime_margin_s <= 0 or first is None:
-            return False
-        started, frames_then = first
-        elapsed = now - started
-        produced = len(self.code_prompt_token_ids[request_id]) - frames_then
-        per_frame = elapsed / produced if produced > 0 else self.frame_seconds
-        buffered = self.sent_frames[request_id] * self.frame_seconds - elapsed
-        return buffered - per_frame < self.realtime_margin_s
+        return set(self.code_prompt_token_ids) | set(self.put_requests) | set(self.sent_frames)
 
 
 def _buffer(connector: ChunkConnector, pooling_output: dict[str, Any] | None, request_id: str) -> list:
@@ -113,11 +90,9 @@ def talker2code2wav_async_chunk(connector: ChunkConnector, pooling_output: dict[
     target = chunk_target(connector, connector.put_requests[request_id])
     if finished:
         return _emit(connector, request_id, frames, pending, True, connector.left_context_size)
-    if pending < target and not (pending and connector.starving(request_id, time.perf_counter())):
+    if pending < target:
         return None
-    chunk = _emit(connector, request_id, frames, min(pending, target), False, connector.left_context_size)
-    connector.first_sent_at.setdefault(request_id, (time.perf_counter(), len(frames)))
-    return chunk
+    return _emit(connector, request_id, frames, target, False, connector.left_context_size)
 
 
 def talker2code2wav(connector: ChunkConnector, pooling_output: dict[str, Any] | None,
