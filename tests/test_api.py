@@ -15,12 +15,13 @@ from types import SimpleNamespace
 import httpx
 import numpy as np
 import pytest
+
+from tests.fidelity import engine_fixture
 import soundfile as sf
 import uvicorn
 from fastapi import FastAPI
 
 from tests.conftest import REFERENCE_TEXT
-from tts_engine import TTSEngine
 from tts_engine.api import ApiSettings, create_api_router
 from tts_engine.voices import VoiceLibrary
 
@@ -36,11 +37,7 @@ VOICES = "/v1/audio/voices"
 # ---------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def engine(checkpoints):
-    eng = TTSEngine.from_pretrained(checkpoints["base"], stage_config=CONFIGS / "qwen3_tts_tiny_cpu.yaml")
-    yield eng
-    eng.close()
+engine = engine_fixture("base", stage_config=CONFIGS / "qwen3_tts_tiny_cpu.yaml")
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from tests.conftest import ENGINE_OPTIONS, REFERENCE_TEXT
-from tests.fidelity import MAX_NEW_TOKENS, assert_same_output
+from tests.fidelity import MAX_NEW_TOKENS, assert_same_output, engine_fixture
 from tests.reference import reference_model, run_reference
-from tts_engine import RequestError, SpeechRequest, TTSEngine
+from tts_engine import RequestError, SpeechRequest
 
 SHORT = "Hello world."
 LONG = ("This sentence is deliberately long, so that in streaming text mode the text track outruns "
@@ -24,11 +24,7 @@ CASES = {
 GREEDY = dict(do_sample=False, subtalker_do_sample=False, max_new_tokens=MAX_NEW_TOKENS)
 
 
-@pytest.fixture(scope="module")
-def engine(checkpoints):
-    eng = TTSEngine.from_pretrained(checkpoints["base"], **ENGINE_OPTIONS)
-    yield eng
-    eng.close()
+engine = engine_fixture("base", **ENGINE_OPTIONS)
 
 
 def _request(case: str, clip, non_streaming: bool = False, **extra) -> SpeechRequest:

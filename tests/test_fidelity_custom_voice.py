@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import ENGINE_OPTIONS
-from tests.fidelity import MAX_NEW_TOKENS, assert_same_output
-from tests.reference import run_reference
-from tts_engine import RequestError, SpeechRequest, TTSEngine
+from tests.fidelity import check_against_reference, engine_fixture
+from tts_engine import RequestError, SpeechRequest
 
 CASES = {
     "speaker": dict(text="Hello there, how are you today?", speaker="ryan", language="english"),
@@ -18,22 +17,13 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def engine(checkpoints):
-    eng = TTSEngine.from_pretrained(checkpoints["custom_voice"], **ENGINE_OPTIONS)
-    yield eng
-    eng.close()
+engine = engine_fixture("custom_voice", **ENGINE_OPTIONS)
 
 
 @pytest.mark.parametrize("non_streaming", [True, False], ids=["non_streaming", "streaming_text"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_matches_reference(engine, checkpoints, case, non_streaming):
-    kw = CASES[case]
-    ref_codes, ref_wav = run_reference(str(checkpoints["custom_voice"]), "generate_custom_voice",
-                                       non_streaming_mode=non_streaming, max_new_tokens=MAX_NEW_TOKENS, **kw)
-    result = engine.synthesize(SpeechRequest(**kw, non_streaming_mode=non_streaming, do_sample=False,
-                                             subtalker_do_sample=False, max_new_tokens=MAX_NEW_TOKENS))
-    assert_same_output(result, ref_codes, ref_wav)
+    check_against_reference(engine, checkpoints["custom_voice"], "generate_custom_voice", non_streaming, **CASES[case])
 
 
 def test_dialect_changes_the_prompt(engine):

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import ENGINE_OPTIONS
-from tests.fidelity import MAX_NEW_TOKENS, assert_same_output
-from tests.reference import run_reference
-from tts_engine import RequestError, SpeechRequest, TTSEngine
+from tests.fidelity import check_against_reference, engine_fixture
+from tts_engine import RequestError, SpeechRequest
 
 CASES = {
     "english": dict(text="Welcome to the show.", language="english",
@@ -16,22 +15,13 @@ CASES = {
 }
 
 
-@pytest.fixture(scope="module")
-def engine(checkpoints):
-    eng = TTSEngine.from_pretrained(checkpoints["voice_design"], **ENGINE_OPTIONS)
-    yield eng
-    eng.close()
+engine = engine_fixture("voice_design", **ENGINE_OPTIONS)
 
 
 @pytest.mark.parametrize("non_streaming", [True, False], ids=["non_streaming", "streaming_text"])
 @pytest.mark.parametrize("case", list(CASES))
 def test_matches_reference(engine, checkpoints, case, non_streaming):
-    kw = CASES[case]
-    ref_codes, ref_wav = run_reference(str(checkpoints["voice_design"]), "generate_voice_design",
-                                       non_streaming_mode=non_streaming, max_new_tokens=MAX_NEW_TOKENS, **kw)
-    result = engine.synthesize(SpeechRequest(**kw, non_streaming_mode=non_streaming, do_sample=False,
-                                             subtalker_do_sample=False, max_new_tokens=MAX_NEW_TOKENS))
-    assert_same_output(result, ref_codes, ref_wav)
+    check_against_reference(engine, checkpoints["voice_design"], "generate_voice_design", non_streaming, **CASES[case])
 
 
 def test_voice_design_needs_instruct(engine):

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.fidelity import engine_fixture
 import torch
 
 from tests.conftest import REFERENCE_TEXT
-from tts_engine import SpeechRequest, TTSEngine
+from tts_engine import SpeechRequest
 from tts_engine.config import load_stage_config
 from tts_engine.processors.qwen3_tts import ChunkConnector, talker2code2wav_async_chunk
 from tts_engine.streaming import Job
@@ -21,11 +23,7 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 GREEDY = dict(do_sample=False, subtalker_do_sample=False)
 
 
-@pytest.fixture(scope="module")
-def engine(checkpoints):
-    eng = TTSEngine.from_pretrained(checkpoints["base"], stage_config=CONFIGS / "qwen3_tts_tiny_cpu.yaml")
-    yield eng
-    eng.close()
+engine = engine_fixture("base", stage_config=CONFIGS / "qwen3_tts_tiny_cpu.yaml")
 
 
 @pytest.fixture(scope="module")

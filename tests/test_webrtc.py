@@ -12,7 +12,6 @@ import uuid
 
 import httpx
 import numpy as np
-import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import AudioStreamTrack, MediaStreamError
 
