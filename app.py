@@ -278,6 +278,7 @@ def build_ui(engine, library, settings: AppSettings, rtc, rtc_warning: str | Non
         request_id = uuid.uuid4().hex
         active[session] = request_id
         held = Preroll(settings.preroll_s)
+        shown = False
         try:
             for chunk in engine.stream(request, request_id=request_id):
                 if first is None:
@@ -291,13 +292,20 @@ def build_ui(engine, library, settings: AppSettings, rtc, rtc_warning: str | Non
                     m = chunk.metrics
                     seconds = audio.shape[0] / SAMPLE_RATE
                     rtf = (m.finished_s / seconds) if seconds else 0.0
-                    info = (f"**Time to first audio:** {1000 * first:.0f} ms (server) · **RTF:** {rtf:.2f} "
-                            f"· {seconds:.2f} s of audio, {m.frames} frames")
+                    ttfa = 1000 * (first if settings.preroll_s == 0 else m.first_chunk_s + settings.preroll_s)
+                    info = (f"**Time to first audio:** {ttfa:.0f} ms (server, first chunk {1000 * first:.0f} ms"
+                            f"{f' + {settings.preroll_s * 1000:.0f} ms pre-roll' if settings.preroll_s else ''}) · "
+                            f"**RTF:** {rtf:.2f} · {seconds:.2f} s of audio, {m.frames} frames")
                     tail = np.concatenate([*[r.reshape(1, -1) for r in ready], TAIL_SILENCE], axis=1)
                     yield (SAMPLE_RATE, tail), AdditionalOutputs(info, str(path))
                 else:
                     for piece in ready:
-                        yield SAMPLE_RATE, piece.reshape(1, -1)
+                        if not shown:   # live: time to first audio as soon as playback starts
+                            shown = True
+                            info = f"**Time to first audio:** {1000 * (time.perf_counter() - start):.0f} ms · playing…"
+                            yield (SAMPLE_RATE, piece.reshape(1, -1)), AdditionalOutputs(info, None)
+                        else:
+                            yield SAMPLE_RATE, piece.reshape(1, -1)
         except Exception as exc:   # aborted by Stop, or a failure: end the stream with a message
             yield CloseStream("stopped" if "aborted" in str(exc) else f"synthesis failed: {exc}")
             return
@@ -406,7 +414,8 @@ def build_ui(engine, library, settings: AppSettings, rtc, rtc_warning: str | Non
                 speak_btn.click(check, inputs, None, queue=False)
                 audio_out.stream(speak, inputs=inputs, outputs=[audio_out], trigger=speak_btn.click,
                                  time_limit=settings.session_time_limit, concurrency_limit=settings.max_sessions)
-                audio_out.on_additional_outputs(lambda info, path: (info, path), outputs=[metrics, download],
+                audio_out.on_additional_outputs(lambda info, path: (info, path if path else gr.update()),
+                                                outputs=[metrics, download],
                                                 queue=False, show_progress="hidden")
                 stop_btn.click(stop, session, metrics, queue=False)
             with gr.Tab("Clone a voice", visible=kind == "base"):

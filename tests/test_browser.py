@@ -55,6 +55,12 @@ def test_clone_and_speak_in_the_browser(live_app, reference_clip, shots, capsys)
             await speak.wait_for(timeout=60_000)
             await page.screenshot(path=str(shots / "tab_speak.png"), full_page=True)
 
+            # Bad input gets a visible message.
+            await page.get_by_label("Text").fill("   ")
+            await speak.click()
+            await page.get_by_text("text is empty").first.wait_for(timeout=30_000)
+            await page.screenshot(path=str(shots / "speak_empty_text_error.png"), full_page=True)
+
             # Clone a voice from the uploaded clip.
             await page.get_by_role("tab", name="Clone a voice").click()
             upload = page.locator("input[type=file]").first
@@ -69,6 +75,10 @@ def test_clone_and_speak_in_the_browser(live_app, reference_clip, shots, capsys)
             await page.get_by_role("tab", name="Voices").click()
             await page.locator("table").get_by_text("browser-fox", exact=True).first.wait_for(timeout=30_000)
             await page.screenshot(path=str(shots / "tab_voices.png"), full_page=True)
+
+            await page.get_by_role("tab", name="API").click()
+            await page.get_by_text("OpenAI-compatible speech").wait_for(timeout=30_000)
+            await page.screenshot(path=str(shots / "tab_api.png"), full_page=True)
 
             # Speak with the new voice (create_voice selected it) and watch the WebRTC track.
             await page.get_by_role("tab", name="Speak").click()
@@ -86,6 +96,7 @@ def test_clone_and_speak_in_the_browser(live_app, reference_clip, shots, capsys)
                     if stats["received"] - stats["concealed"] > 48_000:   # a second of real audio
                         break
                 await asyncio.sleep(0.05)
+            await page.get_by_text("Time to first audio").wait_for(timeout=60_000)   # the live metric
             await page.screenshot(path=str(shots / "tab_speak_playing.png"), full_page=True)
             await browser.close()
             return first_audio, stats, errors

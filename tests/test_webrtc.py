@@ -149,3 +149,31 @@ def test_realtime_errors(live_app):
         assert r.status_code == 404
         r = client.post(live_app + "/v1/realtime/say", json={"text": "hi"})
         assert 400 <= r.status_code < 500
+
+
+def test_too_many_sessions_get_503_with_retry_after(live_app):
+    from tests.conftest import LIVE_APP_SESSIONS
+
+    async def scenario():
+        sessions, refused = [], None
+        async with httpx.AsyncClient(timeout=30) as client:
+            try:
+                for _ in range(LIVE_APP_SESSIONS + 1):
+                    session = Session(live_app)
+                    await session.pc.setLocalDescription(await session.pc.createOffer())
+                    r = await client.post(live_app + "/webrtc/offer", json={
+                        "sdp": session.pc.localDescription.sdp, "type": "offer", "webrtc_id": session.webrtc_id})
+                    sessions.append(session)
+                    if r.status_code == 503:
+                        refused = r
+                        break
+                    assert r.status_code == 200 and r.json().get("type") == "answer", r.text
+            finally:
+                for session in sessions:
+                    await session.pc.close()
+        return refused
+
+    refused = asyncio.run(scenario())
+    assert refused is not None, "the session limit was never enforced"
+    assert refused.headers.get("retry-after")
+    assert "too many concurrent sessions" in refused.json()["error"]["message"]
