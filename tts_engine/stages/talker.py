@@ -85,6 +85,7 @@ class TalkerStage:
         self._seen_table: torch.Tensor | None = None
         self._decode_batch: _BatchCache | None = None
         self._logits_batch: _BatchCache | None = None
+        self.debug_host_syncs = False   # benchmarks: re-create the blocking uploads the hooks used to do
         self._commands: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         if self.device.type == "cuda" and not engine.enforce_eager:
@@ -234,12 +235,18 @@ class TalkerStage:
         for out in outputs:
             state = self._by_id.get(out.request_id)
             if state is not None and out.finished:
-                self._release(state, state.error)
+                error = state.error
+                if error is None and out.finish_reason not in (None, "stop", "length"):
+                    error = f"the talker engine ended the request ({out.finish_reason})"
+                self._release(state, error)
 
     # ---- hooks called by the model inside engine.step() --------------------------------------------
     @torch.inference_mode()
     def decode_embeddings(self, token_ids: torch.Tensor, rows: list[str]) -> torch.Tensor:
         states = [self._by_internal[r] for r in rows]
+        if self.debug_host_syncs and self.device.type == "cuda":
+            for _ in range(5):          # stack(hidden) + 4 sampling tensors, each a blocking upload
+                torch.cuda.synchronize(self.device)
         batch = self._batch("decode", states)
         hidden = self._hidden_table[batch.slots]
         embed_tokens = self.model.model.embed_tokens
@@ -262,6 +269,9 @@ class TalkerStage:
             return logits
         if self._hidden_table is None or self._hidden_table.dtype != hidden.dtype:
             self._hidden_table = hidden.new_zeros(self._slot_count, hidden.shape[1])
+        if self.debug_host_syncs and self.device.type == "cuda":
+            for _ in range(2):          # penalty + early-EOS tensors, each a blocking upload
+                torch.cuda.synchronize(self.device)
         batch = self._batch("logits", states)
         steps = [s.step for s in states]
         if batch.steps is not None and batch.host_steps is not None and steps == [t + 1 for t in batch.host_steps]:

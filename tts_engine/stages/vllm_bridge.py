@@ -194,7 +194,11 @@ class TalkerEngine:
         )
         self.engine = LLMEngine.from_engine_args(args)
         self.runner = self.engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
-        self.model = self.runner.model
+        # On GPU `runner.model` is a CUDA-graph wrapper that forwards attribute *reads* to the model;
+        # hooks set on the wrapper would never be seen by the model's methods, so use the model itself.
+        self.model = self.runner.get_model()
+        if type(self.model).__name__ != ARCHITECTURE:
+            raise RuntimeError(f"vLLM runner holds {type(self.model).__name__}, expected {ARCHITECTURE}")
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.enforce_eager = enforce_eager

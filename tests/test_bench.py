@@ -1,0 +1,77 @@
+"""The benchmark tool (`python -m tts_engine.bench`): its metrics, and one short run on a tiny model.
+
+The end-to-end run uses fixed frame counts (random weights rarely stop on their own), two concurrency
+levels and writes JSON + Markdown, as the GPU and CPU benchmark runs do.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tts_engine.bench import (
+    SAMPLE_RATE,
+    RequestResult,
+    first_audible_sample,
+    main,
+    markdown_table,
+    player_underruns,
+    summarize,
+)
+
+
+def test_first_audible_window():
+    quiet = np.full(SAMPLE_RATE // 2, 1e-4, np.float32)          # -80 dBFS
+    loud = np.full(SAMPLE_RATE // 2, 0.1, np.float32)            # -20 dBFS
+    idx = first_audible_sample(np.concatenate([quiet, loud]))
+    # the first 20 ms window (10 ms hop) whose RMS reaches -45 dBFS starts within one hop of the edge
+    assert quiet.size - 480 <= idx <= quiet.size
+    assert first_audible_sample(quiet) is None
+    assert first_audible_sample(loud) == 0
+
+
+def test_player_underruns():
+    sr = SAMPLE_RATE
+    frame = 1920                                                  # 80 ms
+    # 1 frame, then 2 frames 50 ms later, then 4 frames 100 ms after that: never runs dry
+    assert player_underruns([(0.0, frame), (0.05, 2 * frame), (0.15, 4 * frame)], sr) == (0, 0.0)
+    # the second chunk comes 200 ms after an 80 ms first chunk: one 120 ms stall
+    count, stall = player_underruns([(0.0, frame), (0.2, 25 * frame)], sr)
+    assert count == 1 and stall == pytest.approx(0.12)
+    # a 100 ms pre-buffer waits for the second chunk and then plays through
+    assert player_underruns([(0.0, frame), (0.2, 25 * frame)], sr, prebuffer_s=0.1) == (0, 0.0)
+
+
+def test_summary_and_table():
+    results = [RequestResult("a", 0.0, frames=10, audio_s=0.8, first_chunk_s=0.03, first_audible_s=0.03,
+                             finished_s=0.2, frame_intervals_s=[0.01, 0.02]),
+               RequestResult("b", 0.0, error="boom")]
+    row = summarize("ours", 1, "closed", results, wall_s=0.5, frames=10)
+    assert row["errors"] == 1 and row["requests"] == 2
+    assert row["first_chunk_ms_p50"] == 30.0 and row["rtf_p50"] == 0.25 and row["audio_s_per_s"] == 1.6
+    assert row["frame_ms_p50"] == 15.0
+    table = markdown_table([row])
+    assert table.splitlines()[0].startswith("| run |") and "| ours | 1 |" in table
+
+
+def test_end_to_end_tiny_fixed_frames(tmp_path):
+    out = tmp_path / "bench.json"
+    md = tmp_path / "bench.md"
+    rc = main(["--demo", "tiny", "--demo-dir", str(tmp_path), "--concurrency", "1,2", "--frames", "12",
+               "--requests", "2", "--warmup", "0", "--keep-requests", "--json", str(out), "--markdown", str(md)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["environment"]["torch"] and doc["checkpoint"]["demo"] == "tiny"
+    rows = doc["results"]
+    assert [r["level"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["errors"] == 0 and row["requests"] == 2
+        for key in ("first_chunk_ms_p50", "first_audible_ms_p50", "frame_ms_p50", "rtf_p50", "audio_s_per_s"):
+            assert row[key] is not None and row[key] > 0, key
+        for request in row["requests_detail"]:
+            assert request["frames"] == 12                        # fixed frame count honoured
+            assert request["audio_s"] == pytest.approx(12 * 0.08)
+            assert sum(n for _, n in request["chunks"]) == 12 * 1920
+    assert md.read_text().count("| ours |") == 2

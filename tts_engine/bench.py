@@ -1,0 +1,753 @@
+"""Benchmark: time to first audio, per-frame latency, real-time factor, throughput and playback
+underruns against concurrency, for our engine (and, on CPU, the official `qwen_tts` side by side).
+
+    python -m tts_engine.bench --demo tiny --concurrency 1,4 --frames 40            # CPU smoke run
+    python -m tts_engine.bench --demo 0.6b --concurrency 1 --frames 8 --reference   # CPU, vs official
+    python -m tts_engine.bench --demo 1.7b --concurrency 1,4,16,64 --frames 100     # GPU
+    python -m tts_engine.bench --model Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice --speaker ryan
+    python -m tts_engine.bench --webrtc http://127.0.0.1:7860 --voice sample        # a running app
+
+What is measured, per request (times from the moment the request is handed to the engine):
+  * first chunk: the first delta PCM chunk reaches the caller (server side, in process; `engine`
+    columns are the engine's own RequestMetrics, which start after prompt building);
+  * first audible: the arrival of the chunk holding the first 20 ms window (10 ms hop) whose RMS
+    is >= -45 dBFS; over WebRTC, the first received 20 ms frame above -45 dBFS (client side);
+  * per-frame latency: time between consecutive codec frames (80 ms of audio each) of one stream;
+  * RTF: wall time of the request / audio seconds (< 1 is faster than real time; xRT = 1/RTF);
+  * audio-s/s: audio seconds finished per wall second over a concurrency level;
+  * underruns: a real-time player starts at the first chunk and plays continuously; every time the
+    next chunk arrives after the buffered audio ran out is one underrun (stall time summed).
+Random-weight checkpoints rarely stop on their own, so each request asks for exactly `--frames`
+frames (min_new_tokens = max_new_tokens = frames + 1: the last sampled token is never fed back).
+Output: a Markdown table on stdout (and --markdown FILE) and everything in JSON (--json FILE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+log = logging.getLogger("tts_engine.bench")
+SAMPLE_RATE = 24000
+FRAME_S = 0.08
+AUDIBLE_DBFS = -45.0
+REPO = Path(__file__).resolve().parents[1]
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog, and then it runs back into the forest.",
+    "Real-time speech needs the first sound within tens of milliseconds of the request.",
+    "She sells sea shells by the sea shore, every single morning before the tide comes in.",
+    "A streaming decoder turns sixteen codes per frame into eighty milliseconds of audio.",
+    "Please remember to bring an umbrella tomorrow, because the forecast says it will rain.",
+    "Numbers like three hundred and forty two are spoken out in full by most voices.",
+]
+
+
+# ---- metrics --------------------------------------------------------------------------------------
+@dataclass
+class RequestResult:
+    request_id: str
+    submitted_s: float                       # since the level started
+    frames: int = 0
+    audio_s: float = 0.0
+    first_chunk_s: float | None = None       # caller-observed (in process)
+    first_audible_s: float | None = None
+    finished_s: float | None = None
+    engine_first_frame_s: float | None = None
+    engine_first_chunk_s: float | None = None
+    frame_intervals_s: list[float] = field(default_factory=list)
+    chunks: list[tuple[float, int]] = field(default_factory=list)   # (arrival since submit, samples)
+    underruns: int = 0
+    underrun_s: float = 0.0
+    error: str | None = None
+
+    @property
+    def rtf(self) -> float | None:
+        return self.finished_s / self.audio_s if self.finished_s and self.audio_s else None
+
+
+def first_audible_sample(audio: np.ndarray, sr: int = SAMPLE_RATE, threshold_dbfs: float = AUDIBLE_DBFS,
+                         window_s: float = 0.02, hop_s: float = 0.01) -> int | None:
+    """Index of the first sample of the first `window_s` window (hop `hop_s`) at or above the level."""
+    win, hop = int(sr * window_s), int(sr * hop_s)
+    if audio.size < win:
+        return None
+    x = audio.astype(np.float64)
+    power = np.convolve(x * x, np.ones(win), mode="valid")[::hop] / win
+    level = 10 * np.log10(np.maximum(power, 1e-20))
+    idx = np.nonzero(level >= threshold_dbfs)[0]
+    return int(idx[0] * hop) if idx.size else None
+
+
+def player_underruns(chunks: list[tuple[float, int]], sr: int = SAMPLE_RATE,
+                     prebuffer_s: float = 0.0, tolerance_s: float = 0.001) -> tuple[int, float]:
+    """A real-time player fed by (arrival time, samples) chunks: it starts once `prebuffer_s` of audio
+    (or everything) has arrived and then plays without pause. Returns (underruns, total stall seconds)."""
+    chunks = [(t, n) for t, n in chunks if n > 0]
+    if not chunks:
+        return 0, 0.0
+    buffered, start = 0.0, None
+    for i, (t, n) in enumerate(chunks):
+        buffered += n / sr
+        if buffered >= prebuffer_s or i == len(chunks) - 1:
+            start = t
+            rest = chunks[i + 1:]
+            break
+    end = start + buffered                      # when the buffered audio runs out
+    count, stall = 0, 0.0
+    for t, n in rest:
+        if t > end + tolerance_s:
+            count += 1
+            stall += t - end
+            end = t
+        end += n / sr
+    return count, stall
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    values = sorted(v for v in values if v is not None)
+    if not values:
+        return None
+    k = (len(values) - 1) * q / 100
+    lo, hi = math.floor(k), math.ceil(k)
+    return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+def summarize(name: str, level: int, mode: str, results: list[RequestResult], wall_s: float,
+              frames: int, extra: dict | None = None) -> dict:
+    ok = [r for r in results if r.error is None and r.finished_s is not None]
+    intervals = [x for r in ok for x in r.frame_intervals_s]
+    audio = sum(r.audio_s for r in ok)
+    ms = lambda v: None if v is None else round(v * 1000, 1)  # noqa: E731
+    out = {
+        "name": name, "level": level, "mode": mode, "requests": len(results), "errors": len(results) - len(ok),
+        "frames_per_request": frames,
+        "first_chunk_ms_p50": ms(_pct([r.first_chunk_s for r in ok], 50)),
+        "first_chunk_ms_p95": ms(_pct([r.first_chunk_s for r in ok], 95)),
+        "first_audible_ms_p50": ms(_pct([r.first_audible_s for r in ok], 50)),
+        "first_audible_ms_p95": ms(_pct([r.first_audible_s for r in ok], 95)),
+        "engine_first_chunk_ms_p50": ms(_pct([r.engine_first_chunk_s for r in ok], 50)),
+        "frame_ms_p50": ms(_pct(intervals, 50)), "frame_ms_p95": ms(_pct(intervals, 95)),
+        "rtf_p50": _round(_pct([r.rtf for r in ok], 50), 4), "rtf_p95": _round(_pct([r.rtf for r in ok], 95), 4),
+        "audio_s_per_s": _round(audio / wall_s if wall_s > 0 else None, 2),
+        "streams_with_underruns": sum(1 for r in ok if r.underruns), "underruns": sum(r.underruns for r in ok),
+        "underrun_ms_total": ms(sum(r.underrun_s for r in ok)), "wall_s": round(wall_s, 2),
+        "error_messages": sorted({r.error for r in results if r.error})[:3],
+    }
+    out.update(extra or {})
+    return out
+
+
+def _round(v, nd):
+    return None if v is None else round(v, nd)
+
+
+COLUMNS = [("name", "run"), ("level", "conc."), ("requests", "req"), ("frames_per_request", "frames"),
+           ("first_chunk_ms_p50", "1st chunk p50 ms"), ("first_chunk_ms_p95", "1st chunk p95 ms"),
+           ("first_audible_ms_p50", "1st audible p50 ms"), ("first_audible_ms_p95", "1st audible p95 ms"),
+           ("frame_ms_p50", "frame p50 ms"), ("frame_ms_p95", "frame p95 ms"), ("rtf_p50", "RTF p50"),
+           ("audio_s_per_s", "audio-s/s"), ("streams_with_underruns", "streams w/ underrun"),
+           ("underrun_ms_total", "stall ms"), ("errors", "err")]
+
+
+def markdown_table(rows: list[dict], columns=COLUMNS) -> str:
+    head = "| " + " | ".join(title for _, title in columns) + " |"
+    sep = "|" + "|".join("---" for _ in columns) + "|"
+    body = ["| " + " | ".join("" if r.get(k) is None else str(r.get(k)) for k, _ in columns) + " |" for r in rows]
+    return "\n".join([head, sep, *body])
+
+
+# ---- our engine -----------------------------------------------------------------------------------
+def make_request(args, index: int, voice=None):
+    from tts_engine import SpeechRequest
+    text = TEXTS[index % len(TEXTS)]
+    kw: dict[str, Any] = dict(text=text, language="english", max_new_tokens=args.frames + 1,
+                              min_new_tokens=args.frames + 1)
+    if args.seed is not None:
+        kw["seed"] = args.seed + index
+    if voice is not None:
+        kw["voice"] = voice
+    elif args.speaker:
+        kw["speaker"] = args.speaker
+    if args.instruct:
+        kw["instruct"] = args.instruct
+    return SpeechRequest(**kw)
+
+
+async def _one_request(engine, request, t_level: float, prebuffer_s: float) -> RequestResult:
+    result = RequestResult(request_id="", submitted_s=time.perf_counter() - t_level)
+    t0 = time.perf_counter()
+    pieces: list[np.ndarray] = []
+    try:
+        async for chunk in engine.generate(request):
+            now = time.perf_counter() - t0
+            result.request_id = chunk.request_id
+            if chunk.audio.size:
+                if result.first_chunk_s is None:
+                    result.first_chunk_s = now
+                pieces.append(chunk.audio)
+                result.chunks.append((now, int(chunk.audio.size)))
+            if chunk.is_finished:
+                result.finished_s = now
+                m = chunk.metrics
+                if m is not None:
+                    result.frames = m.frames
+                    result.engine_first_frame_s = m.first_frame_s
+                    result.engine_first_chunk_s = m.first_chunk_s
+                    times = m.frame_times_s
+                    result.frame_intervals_s = [b - a for a, b in zip(times, times[1:])]
+    except Exception as exc:  # a failed request is counted, not fatal
+        result.error = f"{type(exc).__name__}: {exc}"
+        return result
+    audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
+    result.audio_s = audio.size / SAMPLE_RATE
+    idx = first_audible_sample(audio)
+    if idx is not None:
+        total = 0
+        for t, n in result.chunks:
+            total += n
+            if total > idx:
+                result.first_audible_s = t
+                break
+    result.underruns, result.underrun_s = player_underruns(result.chunks, prebuffer_s=prebuffer_s)
+    return result
+
+
+async def run_level(engine, args, level: int, voice=None, index0: int = 0, requests: int | None = None
+                    ) -> tuple[list[RequestResult], float]:
+    """Closed loop (`level` streams, each starting its next request when one finishes) or Poisson
+    arrivals (`level` requests per second)."""
+    n = requests if requests is not None else (args.requests or max(2 * level, 4))
+    t_level = time.perf_counter()
+    results: list[RequestResult] = []
+    if args.arrival == "closed":
+        counter = iter(range(n))
+
+        async def worker():
+            for i in counter:
+                results.append(await _one_request(engine, make_request(args, index0 + i, voice), t_level,
+                                                  args.prebuffer_ms / 1000))
+        await asyncio.gather(*(worker() for _ in range(min(level, n))))
+    else:
+        rng = random.Random(1234 + level)
+        tasks = []
+        for i in range(n):
+            tasks.append(asyncio.ensure_future(_one_request(engine, make_request(args, index0 + i, voice), t_level,
+                                                            args.prebuffer_ms / 1000)))
+            await asyncio.sleep(rng.expovariate(level))
+        results = list(await asyncio.gather(*tasks))
+    return results, time.perf_counter() - t_level
+
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    # name: settings applied to a running engine (see apply_variant); each switches one optimization off
+    "default": {},
+    "no-predictor-graphs": {"predictor_graphs": False},                # eager 15-step predictor loop
+    "plain-predictor-graphs": {"predictor_compile": False},            # graphs of the uncompiled loop
+    "host-syncs": {"host_syncs": True},                                # the old blocking uploads per step
+    "no-decoder-graphs": {"decoder_graphs": False},
+    "decoder-graphs-b1": {"decoder_graph_max_batch": 1},              # graphs for single streams only
+    "decoder-fp32": {"tf32": False},                                   # no TF32 in the codec
+    "seed-chunks": {"initial_chunk_size": 1, "chunk_growth": 1},       # 1 frame, then 25 at a time
+    "first-chunk-4": {"initial_chunk_size": 4},
+}
+
+
+def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
+    """Switch engine knobs at run time; returns the previous values (to restore)."""
+    previous: dict[str, Any] = {}
+    predictor = engine.talker_engine.model.code_predictor
+    for key, value in settings.items():
+        if key == "predictor_graphs":
+            previous[key] = predictor.use_graphs
+            predictor.use_graphs = value
+        elif key == "predictor_compile":
+            graphs = predictor.graphs
+            previous[key] = True
+            if graphs is not None and not value:
+                from tts_engine.models.qwen3_tts.code_predictor import PredictorGraphs
+                plain = getattr(predictor, "_plain_graphs", None)
+                if plain is None:
+                    plain = PredictorGraphs(predictor, graphs.max_batch, graphs.device, graphs.hidden.dtype,
+                                            compile=False)
+                    plain.capture_all()
+                    predictor._plain_graphs, predictor._fused_graphs = plain, graphs
+                predictor.graphs = plain
+            elif value and getattr(predictor, "_fused_graphs", None) is not None:
+                predictor.graphs = predictor._fused_graphs
+        elif key == "host_syncs":
+            previous[key] = engine.talker.debug_host_syncs
+            engine.talker.debug_host_syncs = value
+        elif key == "decoder_graphs":
+            previous[key] = getattr(engine.decoder, "use_graphs", False)
+            engine.decoder.use_graphs = value
+        elif key == "decoder_graph_max_batch":
+            graphs = engine.decoder._graphs
+            previous[key] = graphs.max_batch if graphs is not None else None
+            if graphs is not None and value is not None:
+                graphs.max_batch = value
+        elif key == "tf32":
+            import torch
+            previous[key] = torch.backends.cuda.matmul.allow_tf32
+            torch.backends.cuda.matmul.allow_tf32 = value
+            torch.backends.cudnn.allow_tf32 = value
+        elif key in ("initial_chunk_size", "chunk_growth", "chunk_size"):
+            previous[key] = getattr(engine.connector, key)
+            setattr(engine.connector, key, value)
+        else:
+            raise ValueError(f"unknown variant setting {key!r}")
+    return previous
+
+
+def component_timings(engine, max_batch: int) -> list[dict]:
+    """Where a frame's time goes (GPU, engine idle): the code predictor per batch and the decoder per
+    (streams x frames), each timed alone with a device sync (median of 20)."""
+    import torch
+
+    from tts_engine.models.qwen3_tts.sampling import BatchSampling, RowSampling
+
+    def timed(fn) -> float:
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(20):
+            t = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - t) * 1000)
+        return round(statistics.median(times), 3)
+
+    rows = []
+    predictor = engine.talker_engine.model.code_predictor
+    h = engine.config.talker.shape.hidden_size
+    dtype = next(predictor.parameters()).dtype
+    with torch.inference_mode():
+        for b in (1, 4, 16, 64):
+            if b > max_batch:
+                continue
+            hidden = torch.randn(b, h, device=engine.device, dtype=dtype)
+            c0 = torch.randn(b, h, device=engine.device, dtype=dtype)
+            params = BatchSampling.stack([RowSampling(True, 0.9, 50, 1.0) for _ in range(b)], engine.device)
+            for label, use in (("code predictor, graph", True), ("code predictor, eager", False)):
+                predictor.use_graphs = use
+                rows.append({"component": label, "batch": b, "frames": 1,
+                             "ms": timed(lambda: predictor.predict(hidden, c0, params))})
+            predictor.use_graphs = True
+        decoder = engine.decoder
+        for b, n in ((1, 1), (1, 25), (16, 1), (16, 25), (64, 25)):
+            if b > max_batch:
+                continue
+            states = [decoder.new_stream_state(1) for _ in range(b)]
+            codes = torch.randint(0, 2048, (b, n, 16), device=engine.decoder_device)
+            rows.append({"component": "decoder step" + (", graph" if b == 1 else ""), "batch": b, "frames": n,
+                         "ms": timed(lambda: decoder.decode_step(states, codes))})
+    return rows
+
+
+def environment(device: str) -> dict:
+    import torch
+    env = {"python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
+           "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+           "torch_threads": torch.get_num_threads()}
+    with contextlib.suppress(Exception):
+        import vllm
+        env["vllm"] = vllm.__version__
+    if device.startswith("cuda") and torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name()
+    with contextlib.suppress(Exception):
+        env["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                                       text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout.strip()
+        env["dirty"] = bool(dirty)
+    return env
+
+
+def resolve_checkpoint(args) -> Path:
+    if args.model:
+        from tts_engine.hub import resolve_model
+        return Path(resolve_model(args.model))
+    from tts_engine.demo_checkpoint import build_demo_checkpoint
+    root = Path(args.demo_dir or tempfile.gettempdir()) / f"tts_bench_{args.demo}_{args.demo_type}"
+    if (root / "config.json").exists() and not args.rebuild:
+        return root
+    return build_demo_checkpoint(root, args.demo_type, "0b6", seed=0, shape=args.demo)
+
+
+def default_stage_config(args, on_gpu: bool) -> Path:
+    if args.stage_config:
+        return Path(args.stage_config)
+    if on_gpu:
+        return REPO / "configs" / "qwen3_tts.yaml"
+    return REPO / "configs" / ("qwen3_tts_tiny_cpu.yaml" if args.demo == "tiny" else "qwen3_tts_cpu.yaml")
+
+
+async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> list[dict]:
+    import torch
+
+    from tts_engine import TTSEngine
+    on_gpu = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+    levels = [int(x) for x in args.concurrency.split(",")]
+    overrides: dict[str, Any] = {"max_num_seqs": max(max(levels), 1), "max_model_len": args.max_model_len}
+    if args.device:
+        overrides["device"] = args.device
+    if on_gpu:
+        overrides["gpu_memory_utilization"] = args.gpu_memory_utilization
+    else:
+        overrides["kv_cache_gib"] = args.kv_cache_gib
+    t = time.perf_counter()
+    engine = TTSEngine.from_pretrained(folder, stage_config=default_stage_config(args, on_gpu), dtype=args.dtype,
+                                       **overrides)
+    startup_s = time.perf_counter() - t
+    log.info("engine started in %.1f s", startup_s)
+    graphs = engine.talker_engine.model.code_predictor.graphs
+    info = {"engine_startup_s": round(startup_s, 1), "predictor_graphs": graphs is not None,
+            "predictor_compiled": bool(graphs is not None and graphs.compiled),
+            "decoder_graphs": engine.decoder._graphs is not None}
+    voice = None
+    if engine.config.model_type == "base":
+        clip = Path(args.ref_audio) if args.ref_audio else REPO / "assets" / "reference_en.wav"
+        voice = engine.create_voice_prompt(str(clip), x_vector_only=True)
+    if engine.config.model_type == "custom_voice" and not args.speaker:
+        args.speaker = engine.config.supported_speakers[0]
+    if engine.config.model_type == "voice_design" and not args.instruct:
+        args.instruct = "A calm, clear voice."
+    rows = []
+    try:
+        if args.warmup:
+            warm = argparse.Namespace(**{**vars(args), "frames": min(args.frames, 40)})
+            log.info("warm-up: %d requests at concurrency %d, then 1", args.warmup, max(levels))
+            await run_level(engine, warm, max(levels), voice, 10_000, requests=max(args.warmup, max(levels)))
+            await run_level(engine, warm, 1, voice, 20_000, requests=min(args.warmup, 2))
+        index = 0
+        for variant in args.variants.split(","):
+            settings = VARIANTS[variant]
+            variant_levels, run_args = levels, args
+            if variant != "default":
+                if args.variant_levels:
+                    variant_levels = [int(x) for x in args.variant_levels.split(",")]
+                if args.variant_frames:
+                    run_args = argparse.Namespace(**{**vars(args), "frames": args.variant_frames})
+            previous = apply_variant(engine, settings)
+            try:
+                for level in variant_levels:
+                    results, wall = await run_level(engine, run_args, level, voice, index)
+                    index += len(results)
+                    row = summarize(f"ours/{variant}" if variant != "default" else "ours", level, args.arrival,
+                                    results, wall, run_args.frames,
+                                    {**info, "variant": variant})
+                    if args.keep_requests:
+                        row["requests_detail"] = [dataclasses.asdict(r) for r in results]
+                    rows.append(row)
+                    report(row)
+            finally:
+                apply_variant(engine, previous)
+        if args.breakdown and engine.device.type == "cuda":
+            for row in component_timings(engine, max(levels)):
+                report({"name": "component", "level": row["batch"], **row})
+    finally:
+        engine.close()
+    return rows
+
+
+# ---- the official implementation (CPU side-by-side) ----------------------------------------------
+def bench_reference(args, folder: Path, report: Callable[[dict], None]) -> list[dict]:
+    """The official `qwen_tts` on the same checkpoint, texts and frame counts, one request at a time
+    (it has no streaming and no concurrent use): first audio = the whole request."""
+    import torch
+    from qwen_tts import Qwen3TTSModel
+
+    t = time.perf_counter()
+    model = Qwen3TTSModel.from_pretrained(str(folder), dtype=torch.float32)
+    startup_s = time.perf_counter() - t
+    talker = model.model.talker
+    original = talker.generate
+    timing: dict[str, float] = {}
+
+    def fixed_length_generate(*a, **kw):
+        kw["min_new_tokens"] = kw.get("max_new_tokens", args.frames + 1)   # no early EOS: fixed frame counts
+        start = time.perf_counter()
+        out = original(*a, **kw)
+        timing["generate_s"] = time.perf_counter() - start
+        return out
+
+    talker.generate = fixed_length_generate
+    kind = model.model.tts_model_type if hasattr(model.model, "tts_model_type") else None
+    kind = kind or json.loads((folder / "config.json").read_text())["tts_model_type"]
+    speaker = args.speaker or (model.get_supported_speakers() or [None])[0]
+    rows = []
+    try:
+        for level in sorted({1} | {int(x) for x in args.concurrency.split(",")}):
+            if level != 1:
+                continue   # the reference is not safe to call concurrently (its own issue #350)
+            results = []
+            t_level = time.perf_counter()
+            for i in range(args.requests or 4):
+                text = TEXTS[i % len(TEXTS)]
+                gen = dict(max_new_tokens=args.frames + 1)
+                start = time.perf_counter()
+                if kind == "custom_voice":
+                    wavs, sr = model.generate_custom_voice(text=text, speaker=speaker, language="English", **gen)
+                elif kind == "voice_design":
+                    wavs, sr = model.generate_voice_design(text=text, instruct=args.instruct or "A calm voice.",
+                                                           language="English", **gen)
+                else:
+                    clip = str(Path(args.ref_audio) if args.ref_audio else REPO / "assets" / "reference_en.wav")
+                    wavs, sr = model.generate_voice_clone(text=text, language="English", ref_audio=clip,
+                                                          x_vector_only_mode=True, **gen)
+                total = time.perf_counter() - start
+                audio = np.asarray(wavs[0], dtype=np.float32)
+                r = RequestResult(request_id=f"ref-{i}", submitted_s=start - t_level, frames=audio.size // 1920,
+                                  audio_s=audio.size / sr, first_chunk_s=total, finished_s=total)
+                idx = first_audible_sample(audio)
+                r.first_audible_s = total if idx is not None else None
+                gen_s = timing.get("generate_s", total)
+                r.frame_intervals_s = [gen_s / max(r.frames, 1)] * max(r.frames, 1)
+                r.chunks = [(total, audio.size)]
+                results.append(r)
+            row = summarize("official qwen-tts", 1, "sequential", results, time.perf_counter() - t_level,
+                            args.frames, {"engine_startup_s": round(startup_s, 1), "variant": "reference"})
+            rows.append(row)
+            report(row)
+    finally:
+        talker.generate = original
+    return rows
+
+
+def ratio_rows(ours: list[dict], ref: list[dict]) -> list[dict]:
+    """ours vs the reference at concurrency 1: how many times faster (reference / ours)."""
+    out = []
+    base = next((r for r in ref if r["level"] == 1), None)
+    mine = next((r for r in ours if r["level"] == 1 and r.get("variant") == "default"), None)
+    if base and mine:
+        def ratio(key):
+            a, b = base.get(key), mine.get(key)
+            return round(a / b, 2) if a and b else None
+        out.append({"metric": "speed-up at concurrency 1 (reference / ours)",
+                    "first_chunk": ratio("first_chunk_ms_p50"), "first_audible": ratio("first_audible_ms_p50"),
+                    "per_frame": ratio("frame_ms_p50"), "rtf": ratio("rtf_p50"),
+                    "audio_s_per_s": round(mine["audio_s_per_s"] / base["audio_s_per_s"], 2)
+                    if mine.get("audio_s_per_s") and base.get("audio_s_per_s") else None})
+    return out
+
+
+# ---- WebRTC client (against a running app) -------------------------------------------------------
+async def bench_webrtc(args, report: Callable[[dict], None]) -> list[dict]:
+    """Client-side time to first audible audio over WebRTC: an aiortc peer opens a session with
+    fastrtc's POST /webrtc/offer, then POST /v1/realtime/say; first audible = the first received
+    20 ms frame whose RMS >= -45 dBFS, measured from just before the say request."""
+    import httpx
+    from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+    from aiortc.mediastreams import AudioStreamTrack, MediaStreamError
+
+    threshold = 32768 * 10 ** (AUDIBLE_DBFS / 20)        # int16 RMS
+    rows = []
+
+    async def session(client, i: int, t_level: float) -> RequestResult:
+        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        frames: list[tuple[float, float, int]] = []
+        connected = asyncio.Event()
+        reader = None
+        webrtc_id = f"bench{i}-{random.getrandbits(32):08x}"
+        result = RequestResult(request_id=webrtc_id, submitted_s=time.perf_counter() - t_level)
+        try:
+            pc.createDataChannel("text")
+            pc.addTrack(AudioStreamTrack())
+
+            async def read(track):
+                while True:
+                    try:
+                        frame = await track.recv()
+                    except MediaStreamError:
+                        return
+                    pcm = frame.to_ndarray().astype(np.float32)
+                    frames.append((time.perf_counter(), float(np.sqrt(np.mean(pcm ** 2))),
+                                   int(frame.samples * SAMPLE_RATE / frame.sample_rate)))
+
+            @pc.on("track")
+            def on_track(track):
+                nonlocal reader
+                reader = asyncio.ensure_future(read(track))
+
+            @pc.on("connectionstatechange")
+            def on_state():
+                if pc.connectionState == "connected":
+                    connected.set()
+
+            await pc.setLocalDescription(await pc.createOffer())
+            r = await client.post(args.webrtc + "/webrtc/offer", json={
+                "sdp": pc.localDescription.sdp, "type": "offer", "webrtc_id": webrtc_id})
+            answer = r.json()
+            await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type="answer"))
+            await asyncio.wait_for(connected.wait(), 20)
+            await asyncio.sleep(0.5)                  # let the idle stream settle
+            t0 = time.perf_counter()
+            r = await client.post(args.webrtc + "/v1/realtime/say", json={
+                "webrtc_id": webrtc_id, "text": TEXTS[i % len(TEXTS)], "voice": args.voice, "language": "english",
+                "final": True})
+            r.raise_for_status()
+            limit = t0 + args.webrtc_timeout
+            while time.perf_counter() < limit:
+                audible = [(t, n) for t, rms, n in frames if t >= t0 and rms >= threshold]
+                if audible:
+                    result.first_audible_s = result.first_chunk_s = audible[0][0] - t0
+                    break
+                await asyncio.sleep(0.002)
+            # keep listening until the speech ends (1 s of silence), for duration and gaps
+            last = time.perf_counter()
+            while time.perf_counter() < limit:
+                loud = [t for t, rms, _ in frames if t >= t0 and rms >= threshold]
+                if loud:
+                    last = loud[-1]
+                if time.perf_counter() - last > 1.0:
+                    break
+                await asyncio.sleep(0.05)
+            heard = [(t - t0, n) for t, rms, n in frames if t >= t0]
+            result.chunks = heard
+            result.audio_s = sum(n for t, rms, n in frames if t0 <= t <= last) / SAMPLE_RATE
+            result.finished_s = last - t0
+            if result.first_audible_s is None:
+                result.error = "no audible audio arrived"
+        except Exception as exc:
+            result.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            await pc.close()
+            if reader:
+                reader.cancel()
+        return result
+
+    async with httpx.AsyncClient(timeout=60) as client:
+        for level in [int(x) for x in args.concurrency.split(",")]:
+            t_level = time.perf_counter()
+            n = args.requests or max(2 * level, 4)
+            results = []
+            for start in range(0, n, level):
+                results += await asyncio.gather(*(session(client, i, t_level) for i in range(start, min(n, start + level))))
+            row = summarize("webrtc client", level, "closed", results, time.perf_counter() - t_level, 0,
+                            {"variant": "webrtc"})
+            rows.append(row)
+            report(row)
+    return rows
+
+
+# ---- command line ---------------------------------------------------------------------------------
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m tts_engine.bench", description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    src = ap.add_argument_group("model")
+    src.add_argument("--model", help="checkpoint folder or Hub id")
+    src.add_argument("--demo", choices=("tiny", "0.6b", "1.7b"), help="build a random checkpoint of this shape")
+    src.add_argument("--demo-type", default="custom_voice", choices=("base", "custom_voice", "voice_design"))
+    src.add_argument("--demo-dir", help="where demo checkpoints are built/reused (default: the temp dir)")
+    src.add_argument("--rebuild", action="store_true", help="rebuild the demo checkpoint even if present")
+    eng = ap.add_argument_group("engine")
+    eng.add_argument("--stage-config", help="stage config YAML (default by device and model size)")
+    eng.add_argument("--device")
+    eng.add_argument("--dtype", help="bfloat16 / float32 (default: bf16 on GPU, fp32 on CPU)")
+    eng.add_argument("--max-model-len", type=int, default=1024)
+    eng.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    eng.add_argument("--kv-cache-gib", type=float, default=1.0, help="CPU KV cache")
+    load = ap.add_argument_group("load")
+    load.add_argument("--concurrency", default="1,4,16,64",
+                      help="levels: streams (closed loop) or requests/s (--arrival poisson)")
+    load.add_argument("--arrival", choices=("closed", "poisson"), default="closed")
+    load.add_argument("--requests", type=int, help="requests per level (default: max(2 x level, 4))")
+    load.add_argument("--frames", type=int, default=100, help="codec frames per request (80 ms each)")
+    load.add_argument("--warmup", type=int, default=2, help="warm-up requests (0: none)")
+    load.add_argument("--variants", default="default", help=f"comma list of {sorted(VARIANTS)}")
+    load.add_argument("--variant-levels", help="levels for non-default variants (default: --concurrency)")
+    load.add_argument("--variant-frames", type=int, help="frames per request for non-default variants")
+    load.add_argument("--speaker")
+    load.add_argument("--instruct")
+    load.add_argument("--ref-audio", help="Base models: reference clip (default assets/reference_en.wav)")
+    load.add_argument("--seed", type=int, default=None)
+    load.add_argument("--prebuffer-ms", type=float, default=0.0, help="player pre-buffer before playback starts")
+    ref = ap.add_argument_group("comparison")
+    ref.add_argument("--reference", action="store_true", help="also run the official qwen_tts (CPU, sequential)")
+    ref.add_argument("--reference-only", action="store_true")
+    ref.add_argument("--webrtc", metavar="URL", help="measure client-side over WebRTC against a running app")
+    ref.add_argument("--voice", default="sample", help="voice for --webrtc")
+    ref.add_argument("--webrtc-timeout", type=float, default=60.0)
+    out = ap.add_argument_group("output")
+    out.add_argument("--json", help="write all results here")
+    out.add_argument("--markdown", help="write the table here")
+    out.add_argument("--keep-requests", action="store_true", help="per-request details in the JSON")
+    out.add_argument("--breakdown", action="store_true", help="GPU: also time the predictor and decoder alone")
+    out.add_argument("--label", default="", help="free text stored with the results")
+    args = ap.parse_args(argv)
+    if not args.webrtc and not args.model and not args.demo:
+        ap.error("give --model, --demo or --webrtc")
+    return args
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    args = parse_args(argv)
+    rows: list[dict] = []
+    doc: dict[str, Any] = {"label": args.label, "argv": sys.argv[1:] if argv is None else list(argv),
+                           "results": rows}
+
+    def report(row: dict) -> None:      # every finished level is printed and saved at once
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "requests_detail"}), flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(doc, indent=1))
+
+    if args.webrtc:
+        doc["environment"] = environment("cpu")
+        asyncio.run(bench_webrtc(args, report))
+    else:
+        folder = resolve_checkpoint(args)
+        doc["checkpoint"] = {"path": str(folder), "demo": args.demo, "type": args.demo_type}
+        speakers = json.loads((folder / "config.json").read_text())["talker_config"].get("spk_id") or {}
+        if speakers and not args.speaker:
+            args.speaker = sorted(speakers)[0]          # the same voice for ours and the reference
+        import torch
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        doc["environment"] = environment(device)
+        ref_rows: list[dict] = []
+        if args.reference or args.reference_only:
+            ref_rows = bench_reference(args, folder, report)
+        if not args.reference_only:
+            ours = asyncio.run(bench_engine(args, folder, report))
+            if ref_rows:
+                doc["ratio"] = ratio_rows(ours, ref_rows)
+    main_rows = [r for r in rows if r.get("name") != "component"]
+    table = markdown_table(main_rows)
+    parts = [r for r in rows if r.get("name") == "component"]
+    if parts:
+        table += "\n\n" + markdown_table(parts, [("component", "component"), ("batch", "batch"),
+                                                  ("frames", "frames"), ("ms", "ms")])
+    if doc.get("ratio"):
+        table += "\n\n" + markdown_table(doc["ratio"], [("metric", "metric"), ("first_chunk", "1st chunk"),
+                                                       ("first_audible", "1st audible"), ("per_frame", "per frame"),
+                                                       ("rtf", "RTF"), ("audio_s_per_s", "audio-s/s")])
+    print(table, flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(doc, indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
