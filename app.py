@@ -88,20 +88,9 @@ def rtc_configuration() -> tuple[Any, Any, str | None]:
 
 # ---- voices ---------------------------------------------------------------------------------------
 def voice_fields(engine, library, voice: str | None, instructions: str | None) -> dict[str, Any]:
-    """SpeechRequest fields for a voice name: a preset speaker, a library voice, or a description."""
-    from tts_engine import RequestError
-
-    config = engine.config
-    name = (voice or "").strip()
-    if config.model_type == "voice_design":
-        return {"instruct": instructions}
-    if config.model_type == "custom_voice":
-        if name.lower() not in config.supported_speakers:
-            raise RequestError(f"unknown voice {voice!r}; this model's speakers: {config.supported_speakers}")
-        return {"speaker": name.lower(), "instruct": instructions}
-    if not name:
-        raise RequestError("choose a voice: clone one in the 'Clone a voice' tab (or POST /v1/audio/voices)")
-    return {"voice": library.get(name)}
+    """SpeechRequest fields for a voice name (the same rules as the HTTP API)."""
+    from tts_engine.voices import voice_request_fields
+    return voice_request_fields(engine.config, library, voice, instructions)[0]
 
 
 def voice_choices(engine, library) -> list[str]:
@@ -480,8 +469,8 @@ def build_app(engine, library, settings: AppSettings):
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
     from fastrtc import Stream
-    from tts_engine import RequestError
     from tts_engine.api import ApiSettings, create_api_router
+    from tts_engine.voices import VoiceLibraryError
 
     rtc_client, rtc_server, rtc_warning = rtc_configuration()
     app = FastAPI(title="Qwen3-TTS real-time voice", version="1.0",
@@ -534,8 +523,8 @@ def build_app(engine, library, settings: AppSettings):
                               f"{engine.config.supported_languages}", "language", "unsupported_language")
         try:
             fields = voice_fields(engine, library, body.voice, body.instructions)
-        except RequestError as exc:
-            return error(400 if "choose" in str(exc) else 404, str(exc), "voice", "unknown_voice")
+        except VoiceLibraryError as exc:
+            return error(404 if exc.code == "voice_not_found" else 400, str(exc), exc.param, exc.code)
         queued = handler.say(body.text, fields, language, body.final)
         return {"webrtc_id": body.webrtc_id, "clauses_queued": queued}
 

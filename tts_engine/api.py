@@ -41,12 +41,11 @@ from tts_engine.audio import ENCODE_FORMATS, AudioError, encode_audio, float_to_
 from tts_engine.request import RequestError, SpeechRequest
 from tts_engine.streaming import StreamFailed, StreamingChunkOutput
 from tts_engine.voices import (
-    IncompatibleVoiceError,
     VoiceInfo,
     VoiceLibrary,
     VoiceLibraryError,
-    VoiceNotFoundError,
     validate_voice_name,
+    voice_request_fields,
 )
 
 log = logging.getLogger(__name__)
@@ -396,44 +395,13 @@ def create_api_router(engine, library: VoiceLibrary, settings: ApiSettings | Non
 
     def speech_request(body: SpeechCreateRequest, language: str) -> tuple[SpeechRequest, str | None]:
         name = body.voice.id if isinstance(body.voice, VoiceRef) else body.voice
-        name = name.strip() if isinstance(name, str) and name.strip() else None
-        instructions = body.instructions.strip() if body.instructions and body.instructions.strip() else None
         common = {"text": body.input, "language": language, "seed": body.seed,
                   "max_new_tokens": body.max_new_tokens or settings.max_new_tokens}
-        if config.model_type == "custom_voice":
-            speakers = config.supported_speakers
-            if name is None:
-                raise ApiError(400, f"voice is required: one of the preset speakers {', '.join(speakers)}",
-                               param="voice", code="voice_required")
-            if name.lower() in config.talker.speakers:
-                return SpeechRequest(speaker=name.lower(), instruct=instructions, **common), name.lower()
-            if name in library:
-                raise ApiError(400, f"voice {name!r} is a cloned voice; this CustomVoice model speaks only its "
-                                    f"preset speakers: {', '.join(speakers)}", param="voice", code="incompatible_voice")
-            raise ApiError(400, f"unknown voice {name!r}; available: {', '.join(speakers)}", param="voice",
-                           code="voice_not_found")
-        if config.model_type == "voice_design":
-            if instructions is None:
-                raise ApiError(400, "instructions are required for a VoiceDesign model: describe the voice "
-                                    "(e.g. 'a calm, deep male voice')", param="instructions",
-                               code="instructions_required")
-            return SpeechRequest(instruct=instructions, **common), None
-        if name is None:
-            raise ApiError(400, "voice is required: a Base model speaks in cloned voices; pass the name of a "
-                                "library voice (create one with POST /v1/audio/voices)", param="voice",
-                           code="voice_required")
         try:
-            prompt = library.get(name)
-        except VoiceNotFoundError:
-            usable = ", ".join(v.name for v in library.list() if v.compatible)
-            usable = usable or "none yet (create one with POST /v1/audio/voices)"
-            raise ApiError(400, f"unknown voice {name!r}; available: {usable}", param="voice",
-                           code="voice_not_found") from None
-        except IncompatibleVoiceError as exc:
-            raise ApiError(400, str(exc), param="voice", code=exc.code) from None
+            fields, used = voice_request_fields(config, library, name, body.instructions)
         except VoiceLibraryError as exc:
             raise _library_error(exc, not_found_status=400) from None
-        return SpeechRequest(voice=prompt, **common), name
+        return SpeechRequest(**fields, **common), used
 
     def describe(info: VoiceInfo, request: Request, notice: bool = False) -> dict[str, Any]:
         data = info.to_dict()

@@ -556,83 +556,40 @@ async def bench_webrtc(args, report: Callable[[dict], None]) -> list[dict]:
     fastrtc's POST /webrtc/offer, then POST /v1/realtime/say; first audible = the first received
     20 ms frame whose RMS >= -45 dBFS, measured from just before the say request."""
     import httpx
-    from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
-    from aiortc.mediastreams import AudioStreamTrack, MediaStreamError
+
+    from tts_engine.webrtc_client import AgentSession
 
     threshold = 32768 * 10 ** (AUDIBLE_DBFS / 20)        # int16 RMS
     rows = []
 
     async def session(client, i: int, t_level: float) -> RequestResult:
-        pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-        frames: list[tuple[float, float, int]] = []
-        connected = asyncio.Event()
-        reader = None
         webrtc_id = f"bench{i}-{random.getrandbits(32):08x}"
+        agent = AgentSession(args.webrtc, webrtc_id)
         result = RequestResult(request_id=webrtc_id, submitted_s=time.perf_counter() - t_level)
         try:
-            pc.createDataChannel("text")
-            pc.addTrack(AudioStreamTrack())
-
-            async def read(track):
-                while True:
-                    try:
-                        frame = await track.recv()
-                    except MediaStreamError:
-                        return
-                    pcm = frame.to_ndarray().astype(np.float32)
-                    frames.append((time.perf_counter(), float(np.sqrt(np.mean(pcm ** 2))),
-                                   int(frame.samples * SAMPLE_RATE / frame.sample_rate)))
-
-            @pc.on("track")
-            def on_track(track):
-                nonlocal reader
-                reader = asyncio.ensure_future(read(track))
-
-            @pc.on("connectionstatechange")
-            def on_state():
-                if pc.connectionState == "connected":
-                    connected.set()
-
-            await pc.setLocalDescription(await pc.createOffer())
-            r = await client.post(args.webrtc + "/webrtc/offer", json={
-                "sdp": pc.localDescription.sdp, "type": "offer", "webrtc_id": webrtc_id})
-            answer = r.json()
-            await pc.setRemoteDescription(RTCSessionDescription(sdp=answer["sdp"], type="answer"))
-            await asyncio.wait_for(connected.wait(), 20)
+            await agent.open(client)
             await asyncio.sleep(0.5)                  # let the idle stream settle
             t0 = time.perf_counter()
             r = await client.post(args.webrtc + "/v1/realtime/say", json={
                 "webrtc_id": webrtc_id, "text": TEXTS[i % len(TEXTS)], "voice": args.voice, "language": "english",
                 "final": True})
             r.raise_for_status()
-            limit = t0 + args.webrtc_timeout
-            while time.perf_counter() < limit:
-                audible = [(t, n) for t, rms, n in frames if t >= t0 and rms >= threshold]
-                if audible:
-                    result.first_audible_s = result.first_chunk_s = audible[0][0] - t0
-                    break
-                await asyncio.sleep(0.002)
+            first = await agent.first_audible(t0, threshold, args.webrtc_timeout)
+            if first is not None:
+                result.first_audible_s = result.first_chunk_s = first
             # keep listening until the speech ends (1 s of silence), for duration and gaps
-            last = time.perf_counter()
-            while time.perf_counter() < limit:
-                loud = [t for t, rms, _ in frames if t >= t0 and rms >= threshold]
-                if loud:
-                    last = loud[-1]
-                if time.perf_counter() - last > 1.0:
-                    break
-                await asyncio.sleep(0.05)
-            heard = [(t - t0, n) for t, rms, n in frames if t >= t0]
-            result.chunks = heard
-            result.audio_s = sum(n for t, rms, n in frames if t0 <= t <= last) / SAMPLE_RATE
+            await agent.wait_quiet(threshold, 1.0, max(0.0, t0 + args.webrtc_timeout - time.perf_counter()))
+            loud = [t for t, _, _ in agent.audible_since(t0, threshold)]
+            last = loud[-1] if loud else t0
+            result.chunks = [(t - t0, n) for t, _, n in agent.frames if t >= t0]
+            result.audio_s = sum(n for t, _, n in agent.frames if t0 <= t <= last) / SAMPLE_RATE
             result.finished_s = last - t0
             if result.first_audible_s is None:
                 result.error = "no audible audio arrived"
         except Exception as exc:
             result.error = f"{type(exc).__name__}: {exc}"
         finally:
-            await pc.close()
-            if reader:
-                reader.cancel()
+            await agent.close()
         return result
 
     async with httpx.AsyncClient(timeout=60) as client:

@@ -654,3 +654,43 @@ __all__ = [
     "VoiceNotFoundError",
     "validate_voice_name",
 ]
+
+
+def voice_request_fields(config, library: VoiceLibrary, voice: str | None,
+                         instructions: str | None) -> tuple[dict[str, Any], str | None]:
+    """`SpeechRequest` fields for a voice name, and the name actually used.
+
+    CustomVoice speaks its preset speakers (instructions allowed), VoiceDesign a described voice
+    (instructions required, `voice` ignored), Base a library voice. One function for the HTTP API, the
+    UI and the realtime routes, so every caller accepts and refuses the same things.
+    """
+    name = voice.strip() if isinstance(voice, str) and voice.strip() else None
+    instructions = instructions.strip() if instructions and instructions.strip() else None
+    if config.model_type == "custom_voice":
+        speakers = config.supported_speakers
+        if name is None:
+            raise VoiceLibraryError(f"voice is required: one of the preset speakers {', '.join(speakers)}",
+                                    code="voice_required", param="voice")
+        if name.lower() in config.talker.speakers:
+            return {"speaker": name.lower(), "instruct": instructions}, name.lower()
+        if name in library:
+            raise VoiceLibraryError(f"voice {name!r} is a cloned voice; this CustomVoice model speaks only its "
+                                    f"preset speakers: {', '.join(speakers)}", code="incompatible_voice",
+                                    param="voice")
+        raise VoiceNotFoundError(f"unknown voice {name!r}; available: {', '.join(speakers)}")
+    if config.model_type == "voice_design":
+        if instructions is None:
+            raise VoiceLibraryError("instructions are required for a VoiceDesign model: describe the voice "
+                                    "(e.g. 'a calm, deep male voice')", code="instructions_required",
+                                    param="instructions")
+        return {"instruct": instructions}, None
+    if name is None:
+        raise VoiceLibraryError("voice is required: a Base model speaks in cloned voices; pass the name of a "
+                                "library voice (create one with POST /v1/audio/voices)", code="voice_required",
+                                param="voice")
+    try:
+        return {"voice": library.get(name)}, name
+    except VoiceNotFoundError:
+        usable = ", ".join(v.name for v in library.list() if v.compatible)
+        usable = usable or "none yet (create one with POST /v1/audio/voices)"
+        raise VoiceNotFoundError(f"unknown voice {name!r}; available: {usable}") from None

@@ -1,0 +1,99 @@
+"""A voice-agent client for the app's WebRTC API (aiortc), used by the benchmark and the tests.
+
+It opens a session the way an agent would: fastrtc's `POST /webrtc/offer` with a silent microphone
+track and a data channel, then records every received 20 ms frame (arrival time, RMS, samples at
+24 kHz) so callers can measure time to first audio, gaps and durations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import numpy as np
+
+SAMPLE_RATE = 24000
+
+
+class AgentSession:
+    def __init__(self, url: str, webrtc_id: str | None = None):
+        from aiortc import RTCConfiguration, RTCPeerConnection
+
+        self.url = url.rstrip("/")
+        self.webrtc_id = webrtc_id or uuid.uuid4().hex
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.frames: list[tuple[float, float, int]] = []   # (perf_counter, int16 RMS, samples at 24 kHz)
+        self.messages: list[str] = []
+        self._reader: asyncio.Task | None = None
+        self._connected = asyncio.Event()
+
+    async def offer(self, client) -> "object":
+        """Create the offer and POST it; returns the HTTP response (the answer is applied if given)."""
+        from aiortc import RTCSessionDescription
+        from aiortc.mediastreams import AudioStreamTrack
+
+        channel = self.pc.createDataChannel("text")
+        channel.on("message", self.messages.append)
+        self.pc.addTrack(AudioStreamTrack())
+        self.pc.on("track", self._on_track)
+        self.pc.on("connectionstatechange", self._on_state)
+        await self.pc.setLocalDescription(await self.pc.createOffer())
+        response = await client.post(self.url + "/webrtc/offer", json={
+            "sdp": self.pc.localDescription.sdp, "type": "offer", "webrtc_id": self.webrtc_id})
+        if response.status_code == 200 and response.json().get("type") == "answer":
+            await self.pc.setRemoteDescription(RTCSessionDescription(sdp=response.json()["sdp"], type="answer"))
+        return response
+
+    async def open(self, client, timeout: float = 20) -> None:
+        response = await self.offer(client)
+        if response.status_code != 200 or response.json().get("type") != "answer":
+            raise RuntimeError(f"offer refused: {response.status_code} {response.text}")
+        await asyncio.wait_for(self._connected.wait(), timeout)
+
+    def _on_state(self) -> None:
+        if self.pc.connectionState == "connected":
+            self._connected.set()
+
+    def _on_track(self, track) -> None:
+        self._reader = asyncio.ensure_future(self._read(track))
+
+    async def _read(self, track) -> None:
+        from aiortc.mediastreams import MediaStreamError
+
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            pcm = frame.to_ndarray().astype(np.float32)
+            self.frames.append((time.perf_counter(), float(np.sqrt(np.mean(pcm ** 2))),
+                                int(frame.samples * SAMPLE_RATE / frame.sample_rate)))
+
+    def audible_since(self, t0: float, threshold: float) -> list[tuple[float, float, int]]:
+        return [f for f in self.frames if f[0] >= t0 and f[1] > threshold]
+
+    async def first_audible(self, t0: float, threshold: float, limit_s: float = 30) -> float | None:
+        """Seconds from t0 to the first audible frame, or None if none arrives within limit_s."""
+        while time.perf_counter() - t0 < limit_s:
+            audible = self.audible_since(t0, threshold)
+            if audible:
+                return audible[0][0] - t0
+            await asyncio.sleep(0.002)
+        return None
+
+    async def wait_quiet(self, threshold: float, quiet_s: float = 1.0, limit_s: float = 60) -> bool:
+        """Until no audible frame arrived for quiet_s; False if audio was still playing at limit_s."""
+        start = time.perf_counter()
+        while time.perf_counter() - start < limit_s:
+            loud = [t for t, rms, _ in self.frames if rms > threshold]
+            last = max(loud[-1], start) if loud else start
+            if time.perf_counter() - last > quiet_s:
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+    async def close(self) -> None:
+        await self.pc.close()
+        if self._reader is not None:
+            self._reader.cancel()
