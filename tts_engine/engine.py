@@ -390,9 +390,11 @@ class TTSEngine:
 
 
 def default_stage_config() -> StageConfig:
-    """What configs/qwen3_tts.yaml says: async_chunk streaming, exact decoding, first chunk of 1 frame."""
+    """What configs/qwen3_tts.yaml says: async_chunk streaming, exact decoding, a first chunk of 1 frame
+    growing 2, 4, ... up to 25 (devices and sizes left to the machine)."""
     return StageConfig(path=None, async_chunk=True, model=None,
-                       talker=TalkerStageConfig(processor=talker2code2wav_async_chunk), decoder=DecoderStageConfig())
+                       talker=TalkerStageConfig(processor=talker2code2wav_async_chunk),
+                       decoder=DecoderStageConfig(chunk_growth=2))
 
 
 def _raw_talker_config(folder: Path) -> dict:
