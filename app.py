@@ -469,7 +469,7 @@ def build_app(engine, library, settings: AppSettings):
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
     from fastrtc import Stream
-    from tts_engine.api import ApiSettings, create_api_router
+    from tts_engine.api import LANGUAGE_ALIASES, ApiSettings, create_api_router
     from tts_engine.voices import VoiceLibraryError
 
     rtc_client, rtc_server, rtc_warning = rtc_configuration()
@@ -517,7 +517,8 @@ def build_app(engine, library, settings: AppSettings):
             return error(400, "text is empty", "text", "empty_text")
         if len(handler.clauses.buffer) + len(body.text) > settings.max_input_chars:
             return error(400, f"utterance exceeds {settings.max_input_chars} characters", "text", "text_too_long")
-        language = (body.language or "auto").strip().lower()
+        raw = (body.language or "auto").strip().lower()
+        language = LANGUAGE_ALIASES.get(raw, raw)       # same languages as /v1/audio/speech
         if language not in engine.config.supported_languages:
             return error(400, f"unsupported language {body.language!r}; supported: "
                               f"{engine.config.supported_languages}", "language", "unsupported_language")

@@ -29,7 +29,7 @@ from tts_engine.models.qwen3_tts.weights import validate_checkpoint_weights
 from tts_engine.request import RequestError, SpeechRequest, SynthesisResult, VoicePrompt
 from tts_engine.stages.talker import MIN_NEW_TOKENS, TalkerSampling, TalkerStage
 from tts_engine.stages.vllm_bridge import TalkerEngine
-from tts_engine.config import DecoderStageConfig, StageConfig, TalkerStageConfig
+from tts_engine.config import DecoderStageConfig, StageConfig, TalkerStageConfig, load_stage_config
 from tts_engine.processors.qwen3_tts import ChunkConnector, talker2code2wav_async_chunk
 from tts_engine.stages.decoder import AsyncDecodingPipeline
 from tts_engine.streaming import Job, StreamingChunkOutput
@@ -58,7 +58,7 @@ class TTSEngine:
         self.config = config
         self.options = options
         self.dtype = dtype
-        device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        device = _device_of(options)
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise RuntimeError(f"the stage config places the talker on {device}, but CUDA is not available here; "
                                "use a CPU config (configs/qwen3_tts_cpu.yaml) or devices: auto")
@@ -104,7 +104,6 @@ class TTSEngine:
         """`model`: a local folder or a Hub id. dtype default: bfloat16 on GPU, float32 on CPU."""
         options = EngineOptions()
         if stage_config is not None:
-            from tts_engine.config import load_stage_config
             options = load_stage_config(stage_config).engine_options(options)
         for key, value in overrides.items():
             if not hasattr(options, key):
@@ -113,7 +112,7 @@ class TTSEngine:
         folder = resolve_model(model)
         config = load_config(folder)
         validate_checkpoint_weights(config)
-        on_gpu = (options.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+        on_gpu = _device_of(options).startswith("cuda")
         if dtype is None:
             dtype = torch.bfloat16 if on_gpu else torch.float32
         elif isinstance(dtype, str):
@@ -287,7 +286,6 @@ class TTSEngine:
         codes = [c.codec_codes for c in chunks if c.codec_codes is not None and len(c.codec_codes)]
         all_codes = np.concatenate(codes) if codes else np.zeros((0, 16), np.int64)
         audio = self._official_icl_cut(audio, voice, all_codes.shape[0])
-        self.last_metrics = chunks[-1].metrics if chunks else None
         return SynthesisResult(audio=audio, sample_rate=SAMPLE_RATE, codes=all_codes)
 
     def _official_icl_cut(self, audio: np.ndarray, voice: VoicePrompt | None, frames: int) -> np.ndarray:
@@ -387,6 +385,11 @@ class TTSEngine:
             repetition_penalty=penalty, max_new_tokens=max_new, min_new_tokens=min_new, seed=r.seed,
             subtalker=RowSampling(do_sample=pick(r.subtalker_do_sample, g.subtalker_do_sample),
                                   temperature=sub_t, top_k=sub_k, top_p=sub_p, generator=generator))
+
+
+def _device_of(options: EngineOptions) -> str:
+    """The talker's device: the configured one, else CUDA when there is a GPU."""
+    return options.device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def default_stage_config() -> StageConfig:
