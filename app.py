@@ -4,14 +4,14 @@
     python app.py --model PATH_OR_ID --config configs/qwen3_tts.yaml --host 0.0.0.0 --port 7860
     python app.py --demo             # tiny random model built locally: offline, the sound is not speech
 
-Routes: `/` UI (Speak, Clone a voice, Voices), `/docs` OpenAPI, `/v1/audio/speech`, `/v1/audio/voices`,
-`/webrtc/offer` (fastrtc) + `/v1/realtime/say` and `/v1/realtime/interrupt` for voice agents.
+Wiring only: args -> engine -> voice library -> serving routes (tts_engine/serving) -> fastrtc stream
+-> Gradio UI tabs -> uvicorn. Routes: `/` UI, `/docs` OpenAPI, `/v1/audio/speech`, `/v1/audio/voices`,
+`/webrtc/offer` (fastrtc) + `/v1/realtime/*` for voice agents, `/healthz`.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import tempfile
@@ -22,39 +22,38 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, Field
+
+from tts_engine.serving.settings import ServingSettings
 
 DEFAULT_MODEL = "Qwen/Qwen3-TTS-12Hz-0.6B-Base"
 ROOT = Path(__file__).resolve().parent
 SAMPLE_RATE = 24000
-TAIL_SILENCE = np.zeros((1, SAMPLE_RATE // 10), np.float32)   # flushes fastrtc's last partial 20 ms frame
 SAMPLE_VOICE = ("sample", ROOT / "assets" / "reference_en.wav",
                 "Hello! This short clip is a sample voice for cloning in the demo.")
 log = logging.getLogger("app")
 
 
-# ---- configuration ------------------------------------------------------------------------------
 @dataclass
-class AppSettings:
-    max_input_chars: int = 5000
-    max_sessions: int = 8          # concurrent WebRTC sessions (agents + UI)
-    max_concurrent: int = 8        # concurrent HTTP synthesis requests
-    session_time_limit: int = 900  # seconds a WebRTC connection may stay open
-    preroll_s: float = 0.0         # audio held back before playback starts (slow machines)
-    demo: bool = False
+class UiOptions:
+    demo: bool = False             # label the UI: random weights, the sound is not speech
+    rtc: tuple[Any, Any] = ({"iceServers": []}, {"iceServers": []})   # (browser, server) WebRTC configs
+    rtc_warning: str | None = None
 
 
+# ---- configuration ------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     on_spaces = os.environ.get("SYSTEM") == "spaces"
+    defaults = ServingSettings()
     parser = argparse.ArgumentParser(description="Qwen3-TTS real-time voice app")
-    parser.add_argument("--model", default=os.environ.get("TTS_MODEL", DEFAULT_MODEL),
-                        help="Hugging Face Hub id or local checkpoint folder")
+    parser.add_argument("--model", default=os.environ.get("TTS_MODEL"),
+                        help=f"Hugging Face Hub id or local checkpoint folder (default: the stage config's "
+                             f"`model`, else {DEFAULT_MODEL})")
     parser.add_argument("--config", help="stage config YAML (configs/)")
     parser.add_argument("--host", default="0.0.0.0" if on_spaces else "127.0.0.1")
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", 7860)))
     parser.add_argument("--voices", default=str(ROOT / "voices"), help="voice library folder")
-    parser.add_argument("--max-input-chars", type=int, default=5000)
-    parser.add_argument("--max-sessions", type=int, default=8)
+    parser.add_argument("--max-input-chars", type=int, default=defaults.max_input_chars)
+    parser.add_argument("--max-sessions", type=int, default=defaults.max_sessions)
     parser.add_argument("--preroll-ms", type=int, default=None,
                         help="audio to buffer before playback starts; default 0 on GPU, 800 on CPU, where "
                              "frames come too slowly for the growing chunk schedule to stay ahead of playback")
@@ -87,12 +86,6 @@ def rtc_configuration() -> tuple[Any, Any, str | None]:
 
 
 # ---- voices ---------------------------------------------------------------------------------------
-def voice_fields(engine, library, voice: str | None, instructions: str | None) -> dict[str, Any]:
-    """SpeechRequest fields for a voice name (the same rules as the HTTP API)."""
-    from tts_engine.voices import voice_request_fields
-    return voice_request_fields(engine.config, library, voice, instructions)[0]
-
-
 def voice_choices(engine, library) -> list[str]:
     if engine.config.model_type == "custom_voice":
         return list(engine.config.supported_speakers)
@@ -113,127 +106,65 @@ def ensure_sample_voice(engine, library) -> None:
         log.warning("could not create the sample voice: %s", exc)
 
 
-# ---- WebRTC: voice-agent sessions ---------------------------------------------------------------
-class Preroll:
-    """Holds the first `seconds` of an utterance's audio back, then passes everything through.
-
-    fastrtc plays frames at real-time pace as they arrive; when the engine produces audio only a little
-    faster than real time (CPU), the growing chunk schedule would leave the listener waiting between
-    early chunks. A short pre-roll trades that much latency for gapless playback.
-    """
-
-    def __init__(self, seconds: float):
-        self.needed = max(0.0, seconds) * SAMPLE_RATE
-        self.held: list[np.ndarray] = []
-
-    def push(self, audio: np.ndarray, finished: bool) -> list[np.ndarray]:
-        if not self.held and self.needed <= 0:
-            return [audio] if audio.size else []
-        if audio.size:
-            self.held.append(audio)
-        if finished or sum(a.shape[0] for a in self.held) >= self.needed:
-            out, self.held, self.needed = self.held, [], 0.0
-            return [np.concatenate(out)] if out else []
-        return []
-
-
-
+# ---- WebRTC transport for voice agents ------------------------------------------------------------
 def make_agent_handler_class():
     from fastrtc import AsyncStreamHandler, wait_for_item
 
+    from tts_engine.serving.realtime import SpeechSession
+
     class AgentSpeaker(AsyncStreamHandler):
-        """One per WebRTC connection: text pushed over HTTP is spoken on this connection's track.
+        """One per WebRTC connection: sends its `SpeechSession`'s audio on the connection's track."""
 
-        Clauses are synthesized one after another by a worker task while earlier audio plays, so
-        speech is gapless; `interrupt` cancels the worker (aborting the engine request) and drops
-        queued audio at once.
-        """
-
-        def __init__(self, engine=None, library=None, preroll_s: float = 0.0):
+        def __init__(self, engine=None, preroll_s: float = 0.0):
             super().__init__(output_sample_rate=SAMPLE_RATE, input_sample_rate=48000)
-            from tts_engine.text_stream import ClauseAssembler
-            self.engine, self.library, self.preroll_s = engine, library, preroll_s
-            self.playing_until = 0.0   # when the audio handed to fastrtc so far will have played
-            self.audio: asyncio.Queue = asyncio.Queue()
-            self.clauses = ClauseAssembler()
-            self.pending: asyncio.Queue = asyncio.Queue()
-            self.worker: asyncio.Task | None = None
-            self.stats: list[dict] = []
+            self.engine, self.preroll_s = engine, preroll_s
+            self.session = SpeechSession(engine, preroll_s, on_interrupt=self._drop_queued_frames)
 
         def copy(self) -> "AgentSpeaker":
-            return AgentSpeaker(self.engine, self.library, self.preroll_s)
+            return AgentSpeaker(self.engine, self.preroll_s)
 
         async def receive(self, frame) -> None:
             return None  # the agent's microphone track (or a silent one) is not used
 
         async def emit(self):
-            return await wait_for_item(self.audio, 0.02)
+            audio = await wait_for_item(self.session.audio, 0.02)
+            return None if audio is None else (SAMPLE_RATE, audio.reshape(1, -1))
 
-        def say(self, text: str, fields: dict[str, Any], language: str, final: bool) -> int:
-            clauses = self.clauses.push(text, final)
-            for clause in clauses:
-                self.pending.put_nowait((clause, fields, language, final and clause is clauses[-1]))
-            if self.worker is None or self.worker.done():
-                self.worker = asyncio.get_running_loop().create_task(self._speak())
-            return len(clauses)
-
-        async def _speak(self) -> None:
-            from tts_engine import SpeechRequest
-            while True:
-                clause, fields, language, last = await self.pending.get()
-                start = time.perf_counter()
-                first = None
-                request = SpeechRequest(text=clause, language=language, **fields)
-                held = Preroll(self.preroll_s - max(0.0, self.playing_until - time.monotonic()))
-                async for chunk in self.engine.generate(request):
-                    if first is None:
-                        first = time.perf_counter() - start
-                    for piece in held.push(chunk.audio, chunk.is_finished):
-                        await self._play(piece)
-                if last:
-                    await self._play(TAIL_SILENCE[0])
-                m = chunk.metrics
-                self.stats.append({"text": clause, "first_chunk_ms": round(1000 * (first or 0), 1),
-                                   "audio_s": round(m.audio_seconds, 3) if m else None,
-                                   "rtf": round(m.real_time_factor, 3) if m and m.real_time_factor else None})
-                del self.stats[:-50]
-
-        async def _play(self, audio: np.ndarray) -> None:
-            self.playing_until = max(self.playing_until, time.monotonic()) + audio.shape[-1] / SAMPLE_RATE
-            await self.audio.put((SAMPLE_RATE, audio.reshape(1, -1)))
-
-        def interrupt(self) -> None:
-            self.playing_until = 0.0
-            self.clauses.clear()
-            while not self.pending.empty():
-                self.pending.get_nowait()
-            if self.worker is not None:
-                self.worker.cancel()   # closes engine.generate -> aborts the request in both stages
-                self.worker = None
-            while not self.audio.empty():
-                self.audio.get_nowait()
+        def _drop_queued_frames(self) -> None:
             try:
                 self.clear_queue()     # frames fastrtc already holds for the track
-            except Exception:
+            except Exception:  # noqa: BLE001 -- nothing queued yet
                 pass
 
         def shutdown(self) -> None:
-            if self.worker is not None:
-                self.worker.cancel()
+            self.session.close()
 
     return AgentSpeaker
 
 
-# ---- the UI --------------------------------------------------------------------------------------
-def build_ui(engine, library, settings: AppSettings, rtc, rtc_warning: str | None):
+class FastrtcSessions:
+    """The realtime routes' view of fastrtc's connections: webrtc_id -> SpeechSession."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def get(self, webrtc_id: str):
+        handler = self.stream.handlers.get(webrtc_id)
+        return handler.session if handler is not None and webrtc_id in self.stream.pcs else None
+
+
+# ---- the UI: one function per tab ----------------------------------------------------------------
+def speak_tab(engine, library, settings: ServingSettings, options: UiOptions, session):
+    """Text -> speech over a WebRTC audio track, Stop, live metrics, the last utterance as WAV."""
     import gradio as gr
     from fastrtc import AdditionalOutputs, CloseStream, WebRTC
 
-    from tts_engine import RequestError, SpeechRequest
     from tts_engine.audio import encode_audio
+    from tts_engine.request import RequestAborted, RequestError, SpeechRequest
+    from tts_engine.serving.realtime import TAIL_SILENCE, Preroll
+    from tts_engine.serving.voice_library import voice_request_fields
 
-    config = engine.config
-    kind = config.model_type
+    config, kind = engine.config, engine.config.model_type
     active: dict[str, str] = {}          # UI session -> running request id (for Stop)
     downloads = Path(tempfile.mkdtemp(prefix="tts_utterances_"))
 
@@ -243,7 +174,7 @@ def build_ui(engine, library, settings: AppSettings, rtc, rtc_warning: str | Non
             raise RequestError("text is empty: type something to speak")
         if len(text) > settings.max_input_chars:
             raise RequestError(f"text is {len(text)} characters; the limit is {settings.max_input_chars}")
-        fields = voice_fields(engine, library, voice, instructions or None)
+        fields = voice_request_fields(config, library, voice, instructions or None)[0]
         return SpeechRequest(text=text, language=language, temperature=temperature, top_k=int(top_k),
                              top_p=top_p, repetition_penalty=penalty, max_new_tokens=int(max_s * 12.5),
                              seed=int(seed) if seed not in (None, "") and int(seed) >= 0 else None, **fields)
@@ -256,7 +187,7 @@ def build_ui(engine, library, settings: AppSettings, rtc, rtc_warning: str | Non
             raise gr.Error(str(exc))
 
     def speak(*args):
-        session = args[-1]
+        ui_session = args[-1]
         try:
             request = request_for(*args[:-1])
         except RequestError as exc:
@@ -265,7 +196,7 @@ def build_ui(engine, library, settings: AppSettings, rtc, rtc_warning: str | Non
         start = time.perf_counter()
         first, pieces = None, []
         request_id = uuid.uuid4().hex
-        active[session] = request_id
+        active[ui_session] = request_id
         held = Preroll(settings.preroll_s)
         shown = False
         try:
@@ -276,7 +207,7 @@ def build_ui(engine, library, settings: AppSettings, rtc, rtc_warning: str | Non
                 ready = held.push(chunk.audio, chunk.is_finished)
                 if chunk.is_finished:
                     audio = np.concatenate(pieces)
-                    path = downloads / f"utterance-{session[:8]}.wav"
+                    path = downloads / f"utterance-{ui_session[:8]}.wav"
                     path.write_bytes(encode_audio(audio, SAMPLE_RATE, "wav"))
                     m = chunk.metrics
                     seconds = audio.shape[0] / SAMPLE_RATE
@@ -285,7 +216,7 @@ def build_ui(engine, library, settings: AppSettings, rtc, rtc_warning: str | Non
                     info = (f"**Time to first audio:** {ttfa:.0f} ms (server, first chunk {1000 * first:.0f} ms"
                             f"{f' + {settings.preroll_s * 1000:.0f} ms pre-roll' if settings.preroll_s else ''}) · "
                             f"**RTF:** {rtf:.2f} · {seconds:.2f} s of audio, {m.frames} frames")
-                    tail = np.concatenate([*[r.reshape(1, -1) for r in ready], TAIL_SILENCE], axis=1)
+                    tail = np.concatenate([*ready, TAIL_SILENCE]).reshape(1, -1)
                     yield (SAMPLE_RATE, tail), AdditionalOutputs(info, str(path))
                 else:
                     for piece in ready:
@@ -295,146 +226,104 @@ def build_ui(engine, library, settings: AppSettings, rtc, rtc_warning: str | Non
                             yield (SAMPLE_RATE, piece.reshape(1, -1)), AdditionalOutputs(info, None)
                         else:
                             yield SAMPLE_RATE, piece.reshape(1, -1)
-        except Exception as exc:   # aborted by Stop, or a failure: end the stream with a message
-            yield CloseStream("stopped" if "aborted" in str(exc) else f"synthesis failed: {exc}")
+        except RequestAborted:
+            yield CloseStream("stopped")
+            return
+        except Exception as exc:   # a failure: end the stream with a message
+            yield CloseStream(f"synthesis failed: {exc}")
             return
         finally:
-            if active.get(session) == request_id:
-                active.pop(session, None)
+            if active.get(ui_session) == request_id:
+                active.pop(ui_session, None)
         yield CloseStream("done")
 
-    def stop(session):
-        request_id = active.pop(session, None)
+    def stop(ui_session):
+        request_id = active.pop(ui_session, None)
         if request_id:
             engine.abort(request_id)
             return "**Stopped.**"
         return "Nothing is playing."
 
-    def refresh_choices():
-        choices = voice_choices(engine, library)
-        value = choices[0] if choices else None
-        return gr.update(choices=choices, value=value)
-
-    def voices_table():
-        rows = [[v.name, v.mode, f"{v.duration_s:.1f}", v.transcript or "", v.created[:19],
-                 f"{v.model_type} {v.model_size}" + ("" if v.compatible else " (other model)")]
-                for v in library.list()]
-        return rows or [["(no voices yet)", "", "", "", "", ""]]
-
-    def create_voice(clip, transcript, x_vector_only, name, progress=gr.Progress()):
-        if kind != "base":
-            raise gr.Error("voice cloning needs a Base checkpoint")
-        if not clip:
-            raise gr.Error("upload or record a reference clip first")
-        def report(stage: str, fraction: float) -> None:
-            progress(fraction, desc=stage.replace("_", " "))
-
-        try:
-            info = library.create(name or "", clip, transcript=transcript or None,
-                                  x_vector_only=bool(x_vector_only), engine=engine, progress=report)
-        except RequestError as exc:
-            raise gr.Error(str(exc))
-        notice = f" {info.notice}" if getattr(info, "notice", None) else ""
-        choices = voice_choices(engine, library)
-        return (f"Saved voice **{info.name}** ({info.mode}, {info.duration_s:.1f} s).{notice}",
-                gr.update(choices=choices, value=info.name), voices_table(),
-                gr.update(choices=[v.name for v in library.list()], value=info.name))
-
-    def preview(name):
-        return str(library.preview_path(name)) if name else None
-
-    def delete_voice(name):
-        if not name:
-            raise gr.Error("pick a voice to delete")
-        try:
-            library.delete(name)
-        except RequestError as exc:
-            raise gr.Error(str(exc))
-        names = [v.name for v in library.list()]
-        return (f"Deleted **{name}**.", voices_table(), gr.update(choices=names, value=names[0] if names else None),
-                refresh_choices())
-
     choices = voice_choices(engine, library)
-    with gr.Blocks(title="Qwen3-TTS real-time voice", theme=gr.themes.Soft()) as ui:
-        session = gr.State()
-        ui.load(lambda: uuid.uuid4().hex, outputs=session)
-        title = f"## Qwen3-TTS real-time voice · {kind.replace('_', ' ')} {config.model_size}"
-        gr.Markdown(title)
-        if settings.demo:
-            gr.Markdown("> **Demo model: random weights.** Everything runs for real, but the sound is not "
-                        "speech. Start with `--model Qwen/Qwen3-TTS-12Hz-0.6B-Base` for real voices.")
-        if rtc_warning:
-            gr.Markdown(f"> **WebRTC:** {rtc_warning}")
-        with gr.Tabs():
-            with gr.Tab("Speak"):
+    with gr.Row():
+        with gr.Column(scale=3):
+            text = gr.Textbox(label="Text", lines=4, max_lines=12,
+                              value="Hello! This is the real-time voice engine speaking.")
+            with gr.Row():
+                voice = gr.Dropdown(choices, value=choices[0] if choices else None, label="Voice",
+                                    visible=kind != "voice_design", allow_custom_value=False)
+                language = gr.Dropdown(config.supported_languages, value="auto", label="Language")
+            instructions = gr.Textbox(
+                label="Voice description" if kind == "voice_design" else "Instructions",
+                visible=config.supports_instruct, lines=2,
+                value="A warm, calm voice." if kind == "voice_design" else "")
+            with gr.Accordion("Advanced sampling", open=False):
                 with gr.Row():
-                    with gr.Column(scale=3):
-                        text = gr.Textbox(label="Text", lines=4, max_lines=12,
-                                          value="Hello! This is the real-time voice engine speaking.")
-                        with gr.Row():
-                            voice = gr.Dropdown(choices, value=choices[0] if choices else None, label="Voice",
-                                                visible=kind != "voice_design", allow_custom_value=False)
-                            language = gr.Dropdown(config.supported_languages, value="auto", label="Language")
-                        instructions = gr.Textbox(
-                            label="Voice description" if kind == "voice_design" else "Instructions",
-                            visible=config.supports_instruct, lines=2,
-                            value="A warm, calm voice." if kind == "voice_design" else "")
-                        with gr.Accordion("Advanced sampling", open=False):
-                            with gr.Row():
-                                temperature = gr.Slider(0.1, 1.5, value=config.generation.temperature, label="Temperature")
-                                top_k = gr.Slider(1, 200, value=config.generation.top_k, step=1, label="Top-k")
-                                top_p = gr.Slider(0.05, 1.0, value=config.generation.top_p, label="Top-p")
-                            with gr.Row():
-                                penalty = gr.Slider(1.0, 1.5, value=config.generation.repetition_penalty,
-                                                    label="Repetition penalty")
-                                seed = gr.Number(value=-1, precision=0, label="Seed (-1: random)")
-                                max_s = gr.Slider(2, 120, value=20 if settings.demo else 60, step=1,
-                                                  label="Max length (s)")
-                        with gr.Row():
-                            speak_btn = gr.Button("Speak", variant="primary")
-                            stop_btn = gr.Button("Stop", variant="stop")
-                    with gr.Column(scale=2):
-                        audio_out = WebRTC(label="Speech (WebRTC)", mode="receive", modality="audio",
-                                           rtc_configuration=rtc[0], server_rtc_configuration=rtc[1])
-                        metrics = gr.Markdown("Press **Speak**: audio starts with the first chunk.")
-                        download = gr.File(label="Last utterance (WAV)")
-                inputs = [text, voice, language, instructions, temperature, top_k, top_p, penalty, seed, max_s,
-                          session]
-                speak_btn.click(check, inputs, None, queue=False)
-                audio_out.stream(speak, inputs=inputs, outputs=[audio_out], trigger=speak_btn.click,
-                                 time_limit=settings.session_time_limit, concurrency_limit=settings.max_sessions)
-                audio_out.on_additional_outputs(lambda info, path: (info, path if path else gr.update()),
-                                                outputs=[metrics, download],
-                                                queue=False, show_progress="hidden")
-                stop_btn.click(stop, session, metrics, queue=False)
-            with gr.Tab("Clone a voice", visible=kind == "base"):
-                gr.Markdown("Upload or record 3-20 s of clean speech (wav, mp3, flac, ogg, m4a; up to 30 s, 20 MB). "
-                            "With its transcript the clone is closer (ICL); without, only the speaker vector is used.")
+                    temperature = gr.Slider(0.1, 1.5, value=config.generation.temperature, label="Temperature")
+                    top_k = gr.Slider(1, 200, value=config.generation.top_k, step=1, label="Top-k")
+                    top_p = gr.Slider(0.05, 1.0, value=config.generation.top_p, label="Top-p")
                 with gr.Row():
-                    with gr.Column():
-                        clip = gr.Audio(label="Reference clip", sources=["upload", "microphone"], type="filepath")
-                        transcript = gr.Textbox(label="Transcript of the clip (optional)", lines=2)
-                        x_vector_only = gr.Checkbox(label="Speaker vector only (ignore the transcript)")
-                        voice_name = gr.Textbox(label="Voice name", placeholder="e.g. alice")
-                        create_btn = gr.Button("Create voice", variant="primary")
-                    with gr.Column():
-                        clone_status = gr.Markdown()
-            with gr.Tab("Voices", visible=kind == "base"):
-                table = gr.Dataframe(voices_table(), headers=["name", "mode", "seconds", "transcript", "created",
-                                                              "model"], interactive=False, label="Voice library")
-                with gr.Row():
-                    names = [v.name for v in library.list()]
-                    pick = gr.Dropdown(names, value=names[0] if names else None, label="Voice")
-                    delete_btn = gr.Button("Delete", variant="stop")
-                preview_audio = gr.Audio(label="Reference clip", type="filepath", interactive=False)
-                voices_status = gr.Markdown()
-                pick.change(preview, pick, preview_audio)
-                delete_btn.click(delete_voice, pick, [voices_status, table, pick, voice])
-            with gr.Tab("API"):
-                gr.Markdown(API_HELP)
-        create_btn.click(create_voice, [clip, transcript, x_vector_only, voice_name],
-                         [clone_status, voice, table, pick])
-    return ui
+                    penalty = gr.Slider(1.0, 1.5, value=config.generation.repetition_penalty,
+                                        label="Repetition penalty")
+                    seed = gr.Number(value=-1, precision=0, label="Seed (-1: random)")
+                    max_s = gr.Slider(2, 120, value=20 if options.demo else 60, step=1, label="Max length (s)")
+            with gr.Row():
+                speak_btn = gr.Button("Speak", variant="primary")
+                stop_btn = gr.Button("Stop", variant="stop")
+        with gr.Column(scale=2):
+            audio_out = WebRTC(label="Speech (WebRTC)", mode="receive", modality="audio",
+                               rtc_configuration=options.rtc[0], server_rtc_configuration=options.rtc[1])
+            metrics = gr.Markdown("Press **Speak**: audio starts with the first chunk.")
+            download = gr.File(label="Last utterance (WAV)")
+    inputs = [text, voice, language, instructions, temperature, top_k, top_p, penalty, seed, max_s, session]
+    speak_btn.click(check, inputs, None, queue=False)
+    audio_out.stream(speak, inputs=inputs, outputs=[audio_out], trigger=speak_btn.click,
+                     time_limit=settings.session_time_limit_s, concurrency_limit=settings.max_sessions)
+    audio_out.on_additional_outputs(lambda info, path: (info, path if path else gr.update()),
+                                    outputs=[metrics, download], queue=False, show_progress="hidden")
+    stop_btn.click(stop, session, metrics, queue=False)
+    return voice
+
+
+def voices_table(library) -> list[list[str]]:
+    rows = [[v.name, v.mode, f"{v.duration_s:.1f}", v.transcript or "", v.created[:19],
+             f"{v.model_type} {v.model_size}" + ("" if v.compatible else " (other model)")]
+            for v in library.list()]
+    return rows or [["(no voices yet)", "", "", "", "", ""]]
+
+
+def clone_tab(engine, library):
+    """Reference clip (+ transcript) -> a library voice. Returns the inputs and the status box."""
+    import gradio as gr
+
+    gr.Markdown("Upload or record 3-20 s of clean speech (wav, mp3, flac, ogg, m4a; up to 30 s, 20 MB). "
+                "With its transcript the clone is closer (ICL); without, only the speaker vector is used.")
+    with gr.Row():
+        with gr.Column():
+            clip = gr.Audio(label="Reference clip", sources=["upload", "microphone"], type="filepath")
+            transcript = gr.Textbox(label="Transcript of the clip (optional)", lines=2)
+            x_vector_only = gr.Checkbox(label="Speaker vector only (ignore the transcript)")
+            voice_name = gr.Textbox(label="Voice name", placeholder="e.g. alice")
+            create_btn = gr.Button("Create voice", variant="primary")
+        with gr.Column():
+            clone_status = gr.Markdown()
+    return create_btn, [clip, transcript, x_vector_only, voice_name], clone_status
+
+
+def voices_tab(library):
+    """The library as a table, a reference-clip preview and Delete."""
+    import gradio as gr
+
+    table = gr.Dataframe(voices_table(library), headers=["name", "mode", "seconds", "transcript", "created",
+                                                         "model"], interactive=False, label="Voice library")
+    with gr.Row():
+        names = [v.name for v in library.list()]
+        pick = gr.Dropdown(names, value=names[0] if names else None, label="Voice")
+        delete_btn = gr.Button("Delete", variant="stop")
+    preview_audio = gr.Audio(label="Reference clip", type="filepath", interactive=False)
+    voices_status = gr.Markdown()
+    pick.change(lambda name: str(library.preview_path(name)) if name else None, pick, preview_audio)
+    return table, pick, delete_btn, voices_status
 
 
 API_HELP = """
@@ -450,105 +339,96 @@ stops the audio at once.
 """
 
 
-# ---- the FastAPI app -----------------------------------------------------------------------------
-class Say(BaseModel):
-    webrtc_id: str = Field(description="the id used in POST /webrtc/offer")
-    text: str = Field(description="text to speak; may be a piece of a longer utterance")
-    voice: str | None = Field(None, description="library voice or preset speaker")
-    language: str = "auto"
-    instructions: str | None = None
-    final: bool = Field(True, description="false: more text follows; true: speak everything left")
-
-
-class Interrupt(BaseModel):
-    webrtc_id: str
-
-
-def build_app(engine, library, settings: AppSettings):
+def build_ui(engine, library, settings: ServingSettings, options: UiOptions):
     import gradio as gr
-    from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse
+
+    from tts_engine.request import RequestError
+
+    config, kind = engine.config, engine.config.model_type
+
+    def create_voice(clip, transcript, x_vector_only, name, progress=gr.Progress()):
+        if kind != "base":
+            raise gr.Error("voice cloning needs a Base checkpoint")
+        if not clip:
+            raise gr.Error("upload or record a reference clip first")
+
+        def report(stage: str, fraction: float) -> None:
+            progress(fraction, desc=stage.replace("_", " "))
+
+        try:
+            info = library.create(name or "", clip, transcript=transcript or None,
+                                  x_vector_only=bool(x_vector_only), engine=engine, progress=report)
+        except RequestError as exc:
+            raise gr.Error(str(exc))
+        notice = f" {info.notice}" if getattr(info, "notice", None) else ""
+        choices = voice_choices(engine, library)
+        return (f"Saved voice **{info.name}** ({info.mode}, {info.duration_s:.1f} s).{notice}",
+                gr.update(choices=choices, value=info.name), voices_table(library),
+                gr.update(choices=[v.name for v in library.list()], value=info.name))
+
+    def delete_voice(name):
+        if not name:
+            raise gr.Error("pick a voice to delete")
+        try:
+            library.delete(name)
+        except RequestError as exc:
+            raise gr.Error(str(exc))
+        names = [v.name for v in library.list()]
+        choices = voice_choices(engine, library)
+        return (f"Deleted **{name}**.", voices_table(library),
+                gr.update(choices=names, value=names[0] if names else None),
+                gr.update(choices=choices, value=choices[0] if choices else None))
+
+    with gr.Blocks(title="Qwen3-TTS real-time voice", theme=gr.themes.Soft()) as ui:
+        session = gr.State()
+        ui.load(lambda: uuid.uuid4().hex, outputs=session)
+        gr.Markdown(f"## Qwen3-TTS real-time voice · {kind.replace('_', ' ')} {config.model_size}")
+        if options.demo:
+            gr.Markdown("> **Demo model: random weights.** Everything runs for real, but the sound is not "
+                        "speech. Start with `--model Qwen/Qwen3-TTS-12Hz-0.6B-Base` for real voices.")
+        if options.rtc_warning:
+            gr.Markdown(f"> **WebRTC:** {options.rtc_warning}")
+        with gr.Tabs():
+            with gr.Tab("Speak"):
+                voice = speak_tab(engine, library, settings, options, session)
+            with gr.Tab("Clone a voice", visible=kind == "base"):
+                create_btn, clone_inputs, clone_status = clone_tab(engine, library)
+            with gr.Tab("Voices", visible=kind == "base"):
+                table, pick, delete_btn, voices_status = voices_tab(library)
+            with gr.Tab("API"):
+                gr.Markdown(API_HELP)
+        delete_btn.click(delete_voice, pick, [voices_status, table, pick, voice])
+        create_btn.click(create_voice, clone_inputs, [clone_status, voice, table, pick])
+    return ui
+
+
+# ---- the app --------------------------------------------------------------------------------------
+def build_app(engine, library, settings: ServingSettings, demo: bool = False):
+    import gradio as gr
+    from fastapi import Request
     from fastrtc import Stream
-    from tts_engine.api import LANGUAGE_ALIASES, ApiSettings, create_api_router
-    from tts_engine.voices import VoiceLibraryError
+
+    from tts_engine.serving.errors import ApiError
+    from tts_engine.serving.server import build_api
 
     rtc_client, rtc_server, rtc_warning = rtc_configuration()
-    app = FastAPI(title="Qwen3-TTS real-time voice", version="1.0",
-                  description="Streaming text-to-speech with voice cloning: OpenAI-compatible HTTP API, "
-                              "WebRTC voice-agent API and a browser UI at `/`.")
-    app.include_router(create_api_router(engine, library, ApiSettings(
-        max_input_chars=settings.max_input_chars, max_concurrent=settings.max_concurrent)))
-
-    AgentSpeaker = make_agent_handler_class()
-    stream = Stream(AgentSpeaker(engine, library, settings.preroll_s), mode="send-receive", modality="audio",
-                    concurrency_limit=settings.max_sessions, time_limit=settings.session_time_limit,
+    stream = Stream(make_agent_handler_class()(engine, settings.preroll_s), mode="send-receive", modality="audio",
+                    concurrency_limit=settings.max_sessions, time_limit=settings.session_time_limit_s,
                     rtc_configuration=rtc_client, server_rtc_configuration=rtc_server)
+    app = build_api(engine, library, settings, sessions=FastrtcSessions(stream))
     app.state.stream = stream
 
     @app.middleware("http")
     async def session_limit(request: Request, call_next):
         if request.url.path == "/webrtc/offer" and request.method == "POST" and \
                 len(stream.pcs) >= settings.max_sessions:
-            return JSONResponse(status_code=503, headers={"Retry-After": "5"}, content={"error": {
-                "message": f"too many concurrent sessions (limit {settings.max_sessions}); retry shortly",
-                "type": "server_busy", "param": None, "code": "too_many_sessions"}})
+            return ApiError("too_many_sessions", f"too many concurrent sessions (limit {settings.max_sessions}); "
+                                                 "retry shortly").response()
         return await call_next(request)
 
     stream.mount(app)
-
-    def error(status: int, message: str, param: str | None = None, code: str = "invalid_request"):
-        return JSONResponse(status_code=status, content={"error": {"message": message,
-                                                                   "type": "invalid_request_error",
-                                                                   "param": param, "code": code}})
-
-    def handler_for(webrtc_id: str):
-        handler = stream.handlers.get(webrtc_id)
-        return handler if handler is not None and webrtc_id in stream.pcs else None
-
-    @app.post("/v1/realtime/say", tags=["realtime"], summary="Speak text on a WebRTC session",
-              description="Queue text for a session opened with POST /webrtc/offer. Text may arrive in pieces "
-                          "(final=false); speech starts once the first clause is complete.")
-    async def say(body: Say):
-        handler = handler_for(body.webrtc_id)
-        if handler is None:
-            return error(404, f"no WebRTC session {body.webrtc_id!r}: open one with POST /webrtc/offer",
-                         "webrtc_id", "unknown_session")
-        if not body.text.strip() and not body.final:
-            return error(400, "text is empty", "text", "empty_text")
-        if len(handler.clauses.buffer) + len(body.text) > settings.max_input_chars:
-            return error(400, f"utterance exceeds {settings.max_input_chars} characters", "text", "text_too_long")
-        raw = (body.language or "auto").strip().lower()
-        language = LANGUAGE_ALIASES.get(raw, raw)       # same languages as /v1/audio/speech
-        if language not in engine.config.supported_languages:
-            return error(400, f"unsupported language {body.language!r}; supported: "
-                              f"{engine.config.supported_languages}", "language", "unsupported_language")
-        try:
-            fields = voice_fields(engine, library, body.voice, body.instructions)
-        except VoiceLibraryError as exc:
-            return error(404 if exc.code == "voice_not_found" else 400, str(exc), exc.param, exc.code)
-        queued = handler.say(body.text, fields, language, body.final)
-        return {"webrtc_id": body.webrtc_id, "clauses_queued": queued}
-
-    @app.post("/v1/realtime/interrupt", tags=["realtime"], summary="Stop speaking at once")
-    async def interrupt(body: Interrupt):
-        handler = handler_for(body.webrtc_id)
-        if handler is None:
-            return error(404, f"no WebRTC session {body.webrtc_id!r}", "webrtc_id", "unknown_session")
-        handler.interrupt()
-        return {"webrtc_id": body.webrtc_id, "interrupted": True}
-
-    @app.get("/v1/realtime/stats/{webrtc_id}", tags=["realtime"], summary="Per-clause latency of a session")
-    async def stats(webrtc_id: str):
-        handler = handler_for(webrtc_id)
-        if handler is None:
-            return error(404, f"no WebRTC session {webrtc_id!r}", "webrtc_id", "unknown_session")
-        return {"webrtc_id": webrtc_id, "clauses": handler.stats}
-
-    @app.get("/healthz", tags=["meta"])
-    async def health():
-        return {"status": "ok", "model_type": engine.config.model_type, "model_size": engine.config.model_size}
-
-    ui = build_ui(engine, library, settings, (rtc_client, rtc_server), rtc_warning)
+    ui = build_ui(engine, library, settings, UiOptions(demo=demo, rtc=(rtc_client, rtc_server),
+                                                       rtc_warning=rtc_warning))
     ui.queue(default_concurrency_limit=settings.max_concurrent)
     return gr.mount_gradio_app(app, ui, path="/")
 
@@ -559,26 +439,29 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     from tts_engine import TTSEngine
-    from tts_engine.voices import VoiceLibrary
+    from tts_engine.serving.voice_library import VoiceLibrary
 
     model, config = args.model, args.config
     if args.demo:
-        from tts_engine.demo_checkpoint import build_demo_checkpoint
+        from tts_engine.tools.demo_checkpoint import build_demo_checkpoint
         size = "1b7" if args.demo_type == "voice_design" else "0b6"
         model = build_demo_checkpoint(Path(tempfile.mkdtemp(prefix="tts_demo_")) / args.demo_type,
                                       args.demo_type, size)
         log.info("demo model (random weights) at %s", model)
         # Random weights rarely emit EOS: the tiny config caps utterances at 256 frames (20 s).
         config = config or ROOT / "configs" / "qwen3_tts_tiny_cpu.yaml"
+    if model is None:   # the stage config's `model`, else the default checkpoint
+        from tts_engine.config import load_stage_config
+        model = (load_stage_config(config).model if config else None) or DEFAULT_MODEL
     engine = TTSEngine.from_pretrained(model, stage_config=config)
     try:
         engine.warmup()
         library = VoiceLibrary(Path(args.voices), engine.config)
         ensure_sample_voice(engine, library)
         preroll_ms = args.preroll_ms if args.preroll_ms is not None else (0 if engine.device.type == "cuda" else 800)
-        settings = AppSettings(max_input_chars=args.max_input_chars, max_sessions=args.max_sessions,
-                               preroll_s=preroll_ms / 1000, demo=args.demo)
-        app = build_app(engine, library, settings)
+        settings = ServingSettings(max_input_chars=args.max_input_chars, max_sessions=args.max_sessions,
+                                   preroll_s=preroll_ms / 1000)
+        app = build_app(engine, library, settings, demo=args.demo)
         log.info("serving on http://%s:%d (UI at /, API docs at /docs)", args.host, args.port)
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     finally:

@@ -20,11 +20,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tts_engine.demo_checkpoint import _full_decoder_config, demo_config, full_config  # noqa: E402
 from tts_engine.models.qwen3_tts.code_predictor import CodePredictor  # noqa: E402
 from tts_engine.models.qwen3_tts.codec_decoder import Code2WavConfig, Code2WavDecoder  # noqa: E402
 from tts_engine.models.qwen3_tts.config import _read_talker, _Reader  # noqa: E402
 from tts_engine.models.qwen3_tts.sampling import BatchSampling, RowSampling  # noqa: E402
+from tts_engine.tools.demo_checkpoint import _full_decoder_config, demo_config, full_config  # noqa: E402
 
 
 def timed(fn, device, reps: int = 20, warmup: int = 3) -> float:

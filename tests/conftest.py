@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import httpx
-
 import pytest
 
 from tests.checkpoints.tiny_qwen3_tts import write_tiny_checkpoint

@@ -1,4 +1,4 @@
-"""The HTTP API against a live server: a tiny Base engine, the API router on uvicorn, httpx clients."""
+"""The HTTP API against a live server: a tiny Base engine, the serving app (`build_api`) on uvicorn, httpx."""
 
 from __future__ import annotations
 
@@ -15,15 +15,14 @@ from types import SimpleNamespace
 import httpx
 import numpy as np
 import pytest
-
-from tests.fidelity import engine_fixture
 import soundfile as sf
 import uvicorn
-from fastapi import FastAPI
 
 from tests.conftest import REFERENCE_TEXT
-from tts_engine.api import ApiSettings, create_api_router
-from tts_engine.voices import VoiceLibrary
+from tests.fidelity import engine_fixture
+from tts_engine.serving.server import build_api
+from tts_engine.serving.settings import ServingSettings
+from tts_engine.serving.voice_library import VoiceLibrary
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 HOP = 1920                   # samples per codec frame at 24 kHz
@@ -43,10 +42,8 @@ engine = engine_fixture("base", stage_config=CONFIGS / "qwen3_tts_tiny_cpu.yaml"
 @pytest.fixture(scope="module")
 def server(engine, tmp_path_factory):
     library = VoiceLibrary(tmp_path_factory.mktemp("api") / "voices", engine.config)
-    settings = ApiSettings(max_new_tokens=FRAMES)
-    router = create_api_router(engine, library, settings)
-    app = FastAPI()
-    app.include_router(router)
+    settings = ServingSettings(max_new_tokens=FRAMES)
+    app = build_api(engine, library, settings)
     uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=uv.run, name="api-test-server", daemon=True)
     thread.start()
@@ -57,7 +54,7 @@ def server(engine, tmp_path_factory):
         time.sleep(0.05)   # waiting for the server socket, not for a result
     port = uv.servers[0].sockets[0].getsockname()[1]
     yield SimpleNamespace(url=f"http://127.0.0.1:{port}", port=port, library=library, settings=settings,
-                          router=router, engine=engine)
+                          slots=app.state.slots, engine=engine)
     uv.should_exit = True
     thread.join(timeout=30)
     assert not thread.is_alive(), "uvicorn did not shut down"
@@ -122,9 +119,9 @@ def _wait_idle(server, timeout: float = 60.0) -> dict:
     while True:
         server.engine.drain()
         state = server.engine.debug_state()
-        if all(not ids for ids in state.values()) and server.router.slots.active == 0:
+        if all(not ids for ids in state.values()) and server.slots.active == 0:
             return state
-        assert time.monotonic() < deadline, (state, server.router.slots.active)
+        assert time.monotonic() < deadline, (state, server.slots.active)
         time.sleep(0.05)   # polling engine state after a disconnect, not standing in for a result
 
 
@@ -183,7 +180,7 @@ def test_stream_pcm_arrives_in_chunks_before_the_request_ends(server, client, al
         assert r.headers["content-type"] == "audio/pcm" and r.headers["x-sample-format"] == "s16le"
         rid = r.headers["x-request-id"]
         for data in r.iter_raw():
-            pieces.append((data, rid in engine.debug_state()["jobs"], server.router.slots.active))
+            pieces.append((data, rid in engine.debug_state()["routes"], server.slots.active))
     body = b"".join(d for d, _, _ in pieces)
     assert len(pieces) >= 2, "the body must arrive in several pieces"
     assert pieces[0][1], "the first audio must arrive while the engine is still generating"
@@ -243,7 +240,7 @@ def test_disconnect_during_a_file_request_aborts_it(server, alice, aborts):
         sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
                      b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
         deadline = time.monotonic() + 60
-        while not server.engine.debug_state()["jobs"]:
+        while not server.engine.debug_state()["routes"]:
             assert time.monotonic() < deadline, "the request never started"
             time.sleep(0.02)   # waiting for the request to reach the engine
     deadline = time.monotonic() + 60
@@ -277,7 +274,7 @@ def test_too_many_concurrent_requests_get_503_with_retry_after(server, client, a
     holder.start()
     try:
         assert entered.wait(60), "the upload never reached the cloner"
-        assert server.router.slots.active == 1
+        assert server.slots.active == 1
         busy = client.post(SPEECH, json={"input": "Me too.", "voice": "alice"})
         err = _error(busy, 503, code="server_busy")
         assert "busy" in err["message"] and int(busy.headers["retry-after"]) >= 1
@@ -287,7 +284,7 @@ def test_too_many_concurrent_requests_get_503_with_retry_after(server, client, a
     finally:
         release.set()
         holder.join(timeout=120)
-        server.settings.max_concurrent = ApiSettings().max_concurrent
+        server.settings.max_concurrent = ServingSettings().max_concurrent
     assert held["response"].status_code == 201, held["response"].text
     assert "Busy" not in server.library and client.delete(f"{VOICES}/Holder").status_code == 200
     _wait_idle(server)   # every slot is free again
@@ -331,7 +328,7 @@ def test_voice_create_list_use_delete_round_trip(server, client, alice, referenc
     assert deleted.status_code == 200 and deleted.json() == {"object": "voice.deleted", "name": "Bob Smith",
                                                             "deleted": True}
     assert "Bob Smith" not in {v["name"] for v in client.get(VOICES).json()["voices"]}
-    _error(client.post(SPEECH, json={"input": "Gone?", "voice": "Bob Smith"}), 400, "voice", "voice_not_found")
+    _error(client.post(SPEECH, json={"input": "Gone?", "voice": "Bob Smith"}), 400, "voice", "unknown_voice")
     _error(client.delete(f"{VOICES}/Bob Smith"), 404, code="voice_not_found")
     _error(client.get(f"{VOICES}/Bob Smith/preview"), 404, code="voice_not_found")
     _error(client.get(f"{VOICES}/Bob Smith"), 404, code="voice_not_found")
@@ -382,7 +379,7 @@ GOOD = {"input": "Hello.", "voice": "alice"}
     ({"input": ""}, "input", "empty_input"),
     ({"input": " \n\t "}, "input", "empty_input"),
     ({"input": "a" * 5001}, "input", "input_too_long"),
-    ({"voice": "nobody"}, "voice", "voice_not_found"),
+    ({"voice": "nobody"}, "voice", "unknown_voice"),
     ({"voice": None}, "voice", "voice_required"),
     ({"language": "klingon"}, "language", "unsupported_language"),
     ({"response_format": "opus"}, "response_format", "unsupported_response_format"),

@@ -1,4 +1,4 @@
-"""The benchmark tool (`python -m tts_engine.bench`): its metrics, and one short run on a tiny model.
+"""The benchmark tool (`python -m tts_engine.tools.bench`): its metrics, and one short run on a tiny model.
 
 The end-to-end run uses fixed frame counts (random weights rarely stop on their own), two concurrency
 levels and writes JSON + Markdown, as the GPU and CPU benchmark runs do.
@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from tts_engine.bench import (
+from tts_engine.tools.bench import (
     SAMPLE_RATE,
     RequestResult,
     first_audible_sample,

@@ -13,14 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from tts_engine.models.qwen3_tts.config import CheckpointError
 import torch
 from safetensors.torch import load_file, save_file
 
 from tests.checkpoints.tiny_speech_tokenizer import write_tiny_speech_tokenizer
 from tts_engine.models.qwen3_tts.codec_decoder import Code2WavDecoder
 from tts_engine.models.qwen3_tts.codec_encoder import ReferenceAudioEncoder
+from tts_engine.models.qwen3_tts.config import CheckpointError
 
 SPF = 1920  # samples per frame
 TOL = 1e-4

@@ -1,4 +1,4 @@
-"""The `--demo` checkpoint (tts_engine/demo_checkpoint.py) is a valid official-format checkpoint.
+"""The `--demo` checkpoint (tts_engine/tools/demo_checkpoint.py) is a valid official-format checkpoint.
 
 It is built without the official `qwen_tts` package, from our own modules' parameter names. These tests
 use `qwen_tts` as the judge: the folder loads with `Qwen3TTSModel.from_pretrained`, the official model
@@ -23,13 +23,13 @@ from safetensors.torch import load_file
 
 from tests.checkpoints import tiny_speech_tokenizer
 from tests.checkpoints.tiny_qwen3_tts import tiny_config
-from tts_engine.demo_checkpoint import (
+from tts_engine.models.qwen3_tts.config import load_config
+from tts_engine.models.qwen3_tts.weights import validate_checkpoint_weights
+from tts_engine.tools.demo_checkpoint import (
     build_demo_checkpoint,
     demo_config,
     demo_speech_tokenizer_config,
 )
-from tts_engine.models.qwen3_tts.config import load_config
-from tts_engine.models.qwen3_tts.weights import validate_checkpoint_weights
 
 # (model_type, size): both code-predictor layouts (0b6: same width as the talker; 1b7: projection).
 CASES = [("base", "0b6"), ("base", "1b7"), ("custom_voice", "0b6"), ("custom_voice", "1b7"), ("voice_design", "1b7")]
@@ -194,7 +194,7 @@ def test_official_generate_is_audible(demo, case):
 
 def test_deterministic_and_rebuildable(tmp_path, caplog):
     folder = tmp_path / "ckpt"
-    with caplog.at_level(logging.INFO, logger="tts_engine.demo_checkpoint"):
+    with caplog.at_level(logging.INFO, logger="tts_engine.tools.demo_checkpoint"):
         assert build_demo_checkpoint(folder, "voice_design", "1b7", seed=3) == folder
     assert any("[3/3]" in r.getMessage() for r in caplog.records), "no progress lines logged"
     first = {p.relative_to(folder): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
@@ -228,7 +228,7 @@ def test_builds_without_qwen_tts(tmp_path):
     script = textwrap.dedent(f"""
         import sys
         sys.modules["qwen_tts"] = None  # any `import qwen_tts...` now raises ImportError
-        from tts_engine.demo_checkpoint import build_demo_checkpoint
+        from tts_engine.tools.demo_checkpoint import build_demo_checkpoint
         from tts_engine.models.qwen3_tts.config import load_config
         from tts_engine.models.qwen3_tts.weights import validate_checkpoint_weights
         folder = build_demo_checkpoint({str(tmp_path / "ckpt")!r}, "base", progress=False)

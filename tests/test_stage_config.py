@@ -7,7 +7,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tts_engine.config import StageConfigError, load_stage_config
+from tts_engine.config import (
+    ChunkSchedule,
+    DecoderStageConfig,
+    StageConfigError,
+    TalkerStageConfig,
+    engine_settings,
+    load_stage_config,
+)
 from tts_engine.processors.qwen3_tts import talker2code2wav, talker2code2wav_async_chunk
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -27,10 +34,10 @@ def test_shipped_configs_load():
         assert cpu.talker.device == "cpu" and cpu.decoder.device == "cpu"
 
 
-def _write(tmp_path, edit) -> Path:
-    data = yaml.safe_load((CONFIGS / "qwen3_tts.yaml").read_text())
+def _write(tmp_path, edit, base: str = "qwen3_tts.yaml") -> Path:
+    data = yaml.safe_load((CONFIGS / base).read_text())
     edit(data)
-    path = tmp_path / "bad.yaml"
+    path = tmp_path / "edited.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
 
@@ -64,3 +71,82 @@ def test_missing_and_malformed_files(tmp_path):
     (tmp_path / "broken.yaml").write_text("stage_args: [unclosed")
     with pytest.raises(StageConfigError, match="malformed YAML"):
         load_stage_config(tmp_path / "broken.yaml")
+
+
+# ---- one default per setting, the keys that decide, one schedule ----------------------------------
+
+def _tiny_yaml(tmp_path, edit) -> Path:
+    return _write(tmp_path, edit, base="qwen3_tts_tiny_cpu.yaml")
+
+
+@pytest.mark.parametrize("async_chunk, processor", [
+    (False, "talker2code2wav_async_chunk"), (True, "talker2code2wav")])
+def test_async_chunk_and_processor_must_agree(tmp_path, async_chunk, processor):
+    def edit(d):
+        d["async_chunk"] = async_chunk
+        d["stage_args"][0]["engine_args"]["custom_process_next_stage_input_func"] = \
+            f"tts_engine.processors.qwen3_tts.{processor}"
+    path = _tiny_yaml(tmp_path, edit)
+    with pytest.raises(StageConfigError, match="'async_chunk' is") as info:
+        load_stage_config(path)
+    assert str(path) in str(info.value) and processor in str(info.value)
+
+
+def test_a_processor_must_say_whether_it_streams(tmp_path):
+    path = _tiny_yaml(tmp_path, lambda d: d["stage_args"][0]["engine_args"].update(
+        custom_process_next_stage_input_func="tests.test_stage_config.undeclared_processor"))
+    with pytest.raises(StageConfigError, match="does not declare `streams`"):
+        load_stage_config(path)
+
+
+def undeclared_processor(connector, pooling_output, request):   # a processor without `streams`
+    return None
+
+
+def test_leaving_a_key_out_gives_the_same_default_as_no_yaml(tmp_path):
+    def strip(d):
+        d["stage_args"][0]["runtime"].pop("max_batch_size")
+        for key in ("chunk_size", "left_context_size", "initial_chunk_size", "chunk_growth", "decode_mode"):
+            d["stage_args"][1]["engine_args"].pop(key)
+        d["stage_args"][1]["runtime"].pop("max_batch_size")
+    parsed = load_stage_config(_tiny_yaml(tmp_path, strip))
+    defaults = engine_settings(None)
+    assert parsed.decoder.schedule == defaults.decoder.schedule == ChunkSchedule(1, 25, 2)
+    assert parsed.talker.max_num_seqs == defaults.talker.max_num_seqs == TalkerStageConfig().max_num_seqs
+    assert parsed.decoder.max_batch_size == defaults.decoder.max_batch_size
+    assert defaults.talker.processor is talker2code2wav_async_chunk and defaults.async_chunk
+
+
+def test_schedule_warmup_and_graph_shapes_come_from_one_place():
+    decoder = load_stage_config(CONFIGS / "qwen3_tts.yaml").decoder
+    assert decoder.schedule.sizes() == [1, 2, 4, 8, 16, 25]
+    assert [decoder.schedule.frames(k) for k in range(8)] == [1, 2, 4, 8, 16, 25, 25, 25]
+    assert decoder.schedule.frames_through_steady() == 1 + 2 + 4 + 8 + 16 + 25
+    # the YAML allows 64 streams per decode: graphs must reach 64 (they stopped at 16)
+    assert decoder.max_batch_size == 64 and decoder.graph_batch_sizes() == [1, 2, 4, 8, 16, 32, 64]
+    assert ChunkSchedule(4, 7, 1).sizes() == [4, 7] and ChunkSchedule(3, 20, 2).sizes() == [3, 6, 12, 20]
+    assert DecoderStageConfig(max_batch_size=12).graph_batch_sizes() == [1, 2, 4, 8, 12]
+
+
+def test_overrides_replace_fields_by_name():
+    settings = engine_settings(CONFIGS / "qwen3_tts_tiny_cpu.yaml", max_num_seqs=3, chunk_size=12, device="cpu")
+    assert settings.talker.max_num_seqs == 3 and settings.decoder.chunk_size == 12
+    assert settings.talker.device == "cpu" and settings.talker.max_model_len == 512   # the rest stays
+    with pytest.raises(TypeError, match="unknown engine option 'chunk_sise'"):
+        engine_settings(None, chunk_sise=3)
+
+
+def test_two_names_for_the_batch_limit_must_agree(tmp_path):
+    path = _tiny_yaml(tmp_path, lambda d: d["stage_args"][0]["engine_args"].update(max_num_seqs=4))
+    with pytest.raises(StageConfigError, match="name the same limit"):
+        load_stage_config(path)
+
+
+def test_the_model_key_is_read(tmp_path):
+    from tts_engine import CheckpointError, TTSEngine
+
+    missing = tmp_path / "no-such-checkpoint"
+    path = _tiny_yaml(tmp_path, lambda d: d.update(model=str(missing)))
+    assert load_stage_config(path).model == str(missing)
+    with pytest.raises(CheckpointError, match="no-such-checkpoint"):
+        TTSEngine.from_pretrained(stage_config=path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 
 import numpy as np
@@ -9,8 +10,9 @@ import pytest
 import torch
 
 from tests.checkpoints.tiny_speech_tokenizer import write_tiny_speech_tokenizer
+from tts_engine.config import ChunkSchedule
 from tts_engine.models.qwen3_tts.codec_decoder import Code2WavDecoder
-from tts_engine.processors.qwen3_tts import ChunkConnector, talker2code2wav, talker2code2wav_async_chunk
+from tts_engine.processors.qwen3_tts import ChunkConnector, CodecChunk, talker2code2wav, talker2code2wav_async_chunk
 from tts_engine.stages.decoder import AsyncDecodingPipeline
 
 FRAMES = 90   # longer than the tiny decoder's 72-frame attention window
@@ -47,41 +49,45 @@ def _stream(codes, processor, connector, request_id="r"):
     return chunks
 
 
+def _connector(size: int = 25, initial: int = 1, growth: int = 1) -> ChunkConnector:
+    return ChunkConnector(ChunkSchedule(initial=initial, size=size, growth=growth), left_context_size=25)
+
+
 @pytest.mark.parametrize("initial, size", [(1, 25), (4, 25), (1, 1), (4, 7), (1, 7), (4, 1)])
 def test_chunk_sizes_and_context(initial, size):
-    connector = ChunkConnector(chunk_size=size, left_context_size=25, initial_chunk_size=initial)
+    connector = _connector(size, initial)
     codes = _codes(0)
     chunks = _stream(codes, talker2code2wav_async_chunk, connector)
-    new = [c["codes"].shape[0] - c["left_context_size"] for c in chunks]
+    new = [c.new_frames for c in chunks]
     assert new[0] == initial
     assert all(n == size for n in new[1:-1])
-    assert 0 <= new[-1] <= size and chunks[-1]["finished"] and not any(c["finished"] for c in chunks[:-1])
+    assert 0 <= new[-1] <= size and chunks[-1].finished and not any(c.finished for c in chunks[:-1])
     assert sum(new) == FRAMES
-    assert [c["chunk_idx"] for c in chunks] == list(range(len(chunks)))
+    assert [c.chunk_idx for c in chunks] == list(range(len(chunks)))
     sent = 0
     for chunk in chunks:   # context is exactly the frames before the chunk, at most 25 of them
-        ctx = chunk["left_context_size"]
+        ctx = chunk.left_context_size
         assert ctx == min(25, sent)
-        assert torch.equal(chunk["codes"], codes[sent - ctx:sent + chunk["codes"].shape[0] - ctx])
-        sent += chunk["codes"].shape[0] - ctx
+        assert torch.equal(chunk.codes, codes[sent - ctx:sent + chunk.codes.shape[0] - ctx])
+        sent += chunk.new_frames
     assert connector.active_request_ids() == set()
 
 
 def test_chunk_growth_schedule():
-    connector = ChunkConnector(chunk_size=25, left_context_size=25, initial_chunk_size=1, chunk_growth=2)
+    connector = _connector(25, 1, growth=2)
     chunks = _stream(_codes(2), talker2code2wav_async_chunk, connector)
-    new = [c["codes"].shape[0] - c["left_context_size"] for c in chunks]
+    new = [c.new_frames for c in chunks]
     assert new == [1, 2, 4, 8, 16, 25, 25, 9]
 
 
 def test_batch_processor_sends_everything_once():
-    connector = ChunkConnector()
+    connector = _connector()
     codes = _codes(1)
     chunks = _stream(codes, talker2code2wav, connector)
-    assert len(chunks) == 1 and torch.equal(chunks[0]["codes"], codes) and chunks[0]["finished"]
+    assert len(chunks) == 1 and torch.equal(chunks[0].codes, codes) and chunks[0].finished
 
 
-def _run_pipeline(decoder, mode, streams: dict[str, list[dict]]) -> dict[str, list[np.ndarray]]:
+def _run_pipeline(decoder, mode, streams: dict[str, list[CodecChunk]]) -> dict[str, list[np.ndarray]]:
     pipeline = AsyncDecodingPipeline(decoder, torch.device("cpu"), mode=mode)
     outputs: queue.Queue = queue.Queue()
     try:
@@ -90,7 +96,7 @@ def _run_pipeline(decoder, mode, streams: dict[str, list[dict]]) -> dict[str, li
         for i in range(max(len(c) for c in streams.values())):   # interleave requests, as live traffic does
             for rid, chunks in streams.items():
                 if i < len(chunks):
-                    pipeline.put(dict(chunks[i]))
+                    pipeline.put(dataclasses.replace(chunks[i]))
         pipeline.barrier()
         assert pipeline.active_request_ids == set()
     finally:
@@ -108,7 +114,7 @@ def _run_pipeline(decoder, mode, streams: dict[str, list[dict]]) -> dict[str, li
 def test_exact_stream_equals_whole_decode(decoder, initial, size):
     codes = {f"r{i}": _codes(10 + i, FRAMES - 7 * i) for i in range(3)}
     streams = {rid: _stream(c, talker2code2wav_async_chunk,
-                            ChunkConnector(size, 25, initial), rid) for rid, c in codes.items()}
+                            _connector(size, initial), rid) for rid, c in codes.items()}
     got = _run_pipeline(decoder, "exact", streams)
     for rid, c in codes.items():
         whole = decoder.decode_full(c).numpy()
@@ -120,7 +126,7 @@ def test_exact_stream_equals_whole_decode(decoder, initial, size):
 
 def test_context_mode_length_exact_and_error_measured(decoder, capsys):
     codes = _codes(3)
-    got = _run_pipeline(decoder, "context", {"r": _stream(codes, talker2code2wav_async_chunk, ChunkConnector())})
+    got = _run_pipeline(decoder, "context", {"r": _stream(codes, talker2code2wav_async_chunk, _connector())})
     streamed, whole = np.concatenate(got["r"]), decoder.decode_full(codes).numpy()
     assert streamed.shape == whole.shape
     diff = float(np.abs(streamed - whole).max())
@@ -134,8 +140,8 @@ def test_context_mode_length_exact_and_error_measured(decoder, capsys):
 
 def test_batch_mode_equals_exact_stream(decoder):
     codes = _codes(4)
-    batch = _run_pipeline(decoder, "exact", {"r": _stream(codes, talker2code2wav, ChunkConnector())})
-    stream = _run_pipeline(decoder, "exact", {"r": _stream(codes, talker2code2wav_async_chunk, ChunkConnector())})
+    batch = _run_pipeline(decoder, "exact", {"r": _stream(codes, talker2code2wav, _connector())})
+    stream = _run_pipeline(decoder, "exact", {"r": _stream(codes, talker2code2wav_async_chunk, _connector())})
     assert np.abs(np.concatenate(batch["r"]) - np.concatenate(stream["r"])).max() <= 1e-4
 
 
@@ -144,7 +150,7 @@ def test_abort_drops_the_stream(decoder):
     outputs: queue.Queue = queue.Queue()
     try:
         pipeline.open("a", lambda *args: outputs.put(args))
-        chunks = _stream(_codes(6, 30), talker2code2wav_async_chunk, ChunkConnector())
+        chunks = _stream(_codes(6, 30), talker2code2wav_async_chunk, _connector())
         pipeline.put(chunks[0])
         pipeline.abort("a")
         for chunk in chunks[1:]:

@@ -9,15 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from tests.fidelity import engine_fixture
 import torch
 
 from tests.conftest import REFERENCE_TEXT
+from tests.fidelity import engine_fixture
 from tts_engine import SpeechRequest
-from tts_engine.config import load_stage_config
+from tts_engine.config import ChunkSchedule, load_stage_config
 from tts_engine.processors.qwen3_tts import ChunkConnector, talker2code2wav_async_chunk
-from tts_engine.streaming import Job
+from tts_engine.stages.route import Route
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 GREEDY = dict(do_sample=False, subtalker_do_sample=False)
@@ -50,7 +49,7 @@ def _frames(chunk) -> int:
 
 
 def test_growing_chunks_from_the_config(engine, voices):
-    assert engine.connector.chunk_growth == 2   # configs/qwen3_tts_tiny_cpu.yaml
+    assert engine.connector.schedule.growth == 2   # configs/qwen3_tts_tiny_cpu.yaml
     chunks = _collect(engine, SpeechRequest(text="Growing chunks.", voice=voices["a_xvec"], max_new_tokens=80,
                                             **GREEDY))
     assert [_frames(c) for c in chunks][:6] == [1, 2, 4, 8, 16, 25]
@@ -59,11 +58,12 @@ def test_growing_chunks_from_the_config(engine, voices):
 def test_stream_is_delta_exact_and_equals_synthesize(engine, voices):
     request = SpeechRequest(text="Streaming test sentence, long enough for several chunks.", voice=voices["a_xvec"],
                             max_new_tokens=60, **GREEDY)
-    engine.connector.chunk_growth = 1       # the seed's schedule: initial_chunk_size, then chunk_size
+    saved = engine.connector.schedule
+    engine.connector.schedule = ChunkSchedule(initial=1, size=25, growth=1)   # the seed's: 1, then 25
     try:
         chunks = _collect(engine, request)
     finally:
-        engine.connector.chunk_growth = 2
+        engine.connector.schedule = saved
     frames = [_frames(c) for c in chunks]
     assert frames[0] == 1, "the first chunk holds initial_chunk_size frames"
     assert all(f == 25 for f in frames[1:-1]) and frames[-1] <= 25
@@ -87,13 +87,13 @@ def test_stream_is_delta_exact_and_equals_synthesize(engine, voices):
 
 @pytest.mark.parametrize("initial, size", [(4, 7), (1, 1)])
 def test_live_chunking_variants(engine, voices, initial, size):
-    saved = (engine.connector.initial_chunk_size, engine.connector.chunk_size, engine.connector.chunk_growth)
-    engine.connector.initial_chunk_size, engine.connector.chunk_size, engine.connector.chunk_growth = initial, size, 1
+    saved = engine.connector.schedule
+    engine.connector.schedule = ChunkSchedule(initial=initial, size=size, growth=1)
     try:
         chunks = _collect(engine, SpeechRequest(text="Chunking variants.", voice=voices["b_icl"],
                                                 max_new_tokens=30, **GREEDY))
     finally:
-        engine.connector.initial_chunk_size, engine.connector.chunk_size, engine.connector.chunk_growth = saved
+        engine.connector.schedule = saved
     frames = [_frames(c) for c in chunks]
     assert frames[0] == initial and all(f == size for f in frames[1:-1])
     audio = np.concatenate([c.audio for c in chunks])
@@ -132,8 +132,8 @@ def test_eight_concurrent_requests_equal_their_solo_runs(engine, voices):
 
 
 def test_abort_mid_stream_frees_every_buffer(engine, voices):
-    saved = engine.connector.chunk_size
-    engine.connector.chunk_size = 1
+    saved = engine.connector.schedule
+    engine.connector.schedule = ChunkSchedule(initial=1, size=1, growth=1)
 
     async def run():
         stream = engine.generate(SpeechRequest(text="This request will be cut short. " * 4, voice=voices["a_xvec"],
@@ -147,7 +147,7 @@ def test_abort_mid_stream_frees_every_buffer(engine, voices):
     try:
         rid = asyncio.run(run())
     finally:
-        engine.connector.chunk_size = saved
+        engine.connector.schedule = saved
     engine.drain()
     state = engine.debug_state()
     assert all(rid not in ids for ids in state.values()), state
@@ -160,14 +160,13 @@ def test_batch_config_produces_the_same_audio(engine, voices):
     request = SpeechRequest(text="Batch versus streaming.", voice=voices["a_icl"], max_new_tokens=40, **GREEDY)
     streaming = engine.synthesize(request)
     batch_processor = load_stage_config(CONFIGS / "qwen3_tts_batch.yaml").talker.processor
-    saved = engine.stage_config
-    engine.stage_config = dataclasses.replace(saved, talker=dataclasses.replace(saved.talker,
-                                                                                processor=batch_processor))
+    saved = engine.settings
+    engine.settings = dataclasses.replace(saved, talker=dataclasses.replace(saved.talker, processor=batch_processor))
     try:
         chunks = _collect(engine, request)
         batch = engine.synthesize(request)
     finally:
-        engine.stage_config = saved
+        engine.settings = saved
     assert len(chunks) == 1 and chunks[0].is_finished
     assert np.array_equal(batch.codes, streaming.codes)
     assert batch.audio.shape == streaming.audio.shape
@@ -175,7 +174,7 @@ def test_batch_config_produces_the_same_audio(engine, voices):
 
 
 def test_stage1_device_comes_from_the_config(engine):
-    assert engine.stage_config.decoder.device == "cpu"
+    assert engine.settings.decoder.device == "cpu"
     assert engine.decoder_device == torch.device("cpu")
     assert next(engine.decoder.parameters()).device == engine.decoder_device
 
@@ -184,7 +183,21 @@ def test_stage1_device_comes_from_the_config(engine):
             self.append(chunk)
 
     sink = Sink()
-    job = Job("x", talker2code2wav_async_chunk, ChunkConnector(), sink, lambda item: None, lambda rid: None,
-              stage1_device=torch.device("meta"))
-    job.on_frames(torch.zeros(1, 16, dtype=torch.long))
-    assert sink and sink[0]["codes"].device.type == "meta", "chunks must be moved to Stage 1's device"
+    route = Route("x", talker2code2wav_async_chunk, ChunkConnector(ChunkSchedule()), sink, lambda item: None,
+                  lambda rid: None, stage1_device=torch.device("meta"))
+    route.on_frames(torch.zeros(1, 16, dtype=torch.long))
+    assert sink and sink[0].codes.device.type == "meta", "chunks must be moved to Stage 1's device"
+
+
+def test_engine_errors_are_typed_and_languages_resolve_once(engine, voices):
+    from tts_engine.request import PromptTooLong
+
+    with pytest.raises(PromptTooLong, match="max_model_len"):
+        engine.synthesize(SpeechRequest(text="word " * 2000, voice=voices["a_xvec"], max_new_tokens=2,
+                                        non_streaming_mode=True, **GREEDY))   # the whole text in the prompt
+    # ISO codes and any case resolve in the engine itself (the UI, the API and the agent routes share it)
+    coded = engine.synthesize(SpeechRequest(text="Hi.", language="EN", voice=voices["a_xvec"], max_new_tokens=3,
+                                            **GREEDY))
+    named = engine.synthesize(SpeechRequest(text="Hi.", language="english", voice=voices["a_xvec"],
+                                            max_new_tokens=3, **GREEDY))
+    assert np.array_equal(coded.codes, named.codes)

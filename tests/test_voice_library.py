@@ -16,8 +16,8 @@ import pytest
 import soundfile as sf
 import torch
 
-from tts_engine import voices
-from tts_engine.voices import (
+from tts_engine.serving import voice_library as voices
+from tts_engine.serving.voice_library import (
     CloningUnsupportedError,
     IncompatibleVoiceError,
     InvalidVoiceNameError,
@@ -281,7 +281,7 @@ def test_damaged_folders_are_skipped_not_fatal(library):
 KILL_SCRIPT = textwrap.dedent("""
     import os, sys
     import numpy as np, torch
-    from tts_engine import voices
+    from tts_engine.serving import voice_library as voices
 
     root, kill_after = sys.argv[1], int(sys.argv[2])
 

@@ -12,7 +12,7 @@ import time
 import httpx
 import numpy as np
 
-from tts_engine.webrtc_client import AgentSession
+from tts_engine.tools.webrtc_client import AgentSession
 
 AUDIBLE_RMS = 200.0      # int16 units; random-weight speech is far louder, Opus silence is ~0
 FRAME_S = 0.02
@@ -88,10 +88,36 @@ def test_realtime_errors(live_app):
     with httpx.Client(timeout=30) as client:
         r = client.post(live_app + "/v1/realtime/say", json={"webrtc_id": "nope", "text": "hi", "voice": "sample"})
         assert r.status_code == 404 and "no WebRTC session" in r.json()["error"]["message"]
+        assert r.json()["error"]["code"] == "unknown_session"
         r = client.post(live_app + "/v1/realtime/interrupt", json={"webrtc_id": "nope"})
         assert r.status_code == 404
         r = client.post(live_app + "/v1/realtime/say", json={"text": "hi"})
-        assert 400 <= r.status_code < 500
+        assert r.status_code == 400 and r.json()["error"]["code"] == "missing_field"
+
+
+def test_realtime_bad_fields_are_the_same_mistakes_as_on_the_speech_route(live_app):
+    """An unknown voice is 400 unknown_voice on /v1/realtime/say as on /v1/audio/speech (it was 404)."""
+    async def scenario():
+        async with httpx.AsyncClient(timeout=30) as client:
+            session = AgentSession(live_app)
+            await session.open(client)
+            try:
+                answers = {}
+                for field, value in (("voice", "nobody"), ("language", "klingon")):
+                    body = {"webrtc_id": session.webrtc_id, "text": "Hi.", "voice": "sample", field: value}
+                    answers[field] = await client.post(live_app + "/v1/realtime/say", json=body)
+                    speech = {"input": "Hi.", "voice": "sample", field: value}
+                    answers["speech_" + field] = await client.post(live_app + "/v1/audio/speech", json=speech)
+                return answers
+            finally:
+                await session.close()
+
+    answers = asyncio.run(scenario())
+    for field, code in (("voice", "unknown_voice"), ("language", "unsupported_language")):
+        for route in (field, "speech_" + field):
+            r = answers[route]
+            assert r.status_code == 400 and r.json()["error"]["code"] == code, (route, r.text)
+            assert r.json()["error"]["param"] == field
 
 
 def test_too_many_sessions_get_503_with_retry_after(live_app):
@@ -117,4 +143,6 @@ def test_too_many_sessions_get_503_with_retry_after(live_app):
     refused = asyncio.run(scenario())
     assert refused is not None, "the session limit was never enforced"
     assert refused.headers.get("retry-after")
-    assert "too many concurrent sessions" in refused.json()["error"]["message"]
+    error = refused.json()["error"]
+    assert "too many concurrent sessions" in error["message"]
+    assert error["code"] == "too_many_sessions" and error["type"] == "server_error"   # the one shape

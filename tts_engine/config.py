@@ -1,22 +1,134 @@
-"""Stage configs (configs/*.yaml, the seed's schema) -> validated dataclasses.
+"""Engine settings: stage-config YAML (configs/*.yaml, the seed's schema) -> validated dataclasses.
+
+Every knob has exactly one default, the field default of `TalkerStageConfig` or `DecoderStageConfig`:
+no YAML, a YAML that leaves a key out and `TTSEngine.from_pretrained(**overrides)` all start from it.
+The chunk schedule (`ChunkSchedule`) is derived here once; the connector, the warm-up and the
+decoder's CUDA-graph shapes all read it.
 
 A bad config fails at start-up with the file and the key path in the message: unknown keys, wrong
 types, impossible values (chunk_size < 1, ...), a missing stage 0, a cycle in engine_input_source, a
-stage input processor that does not import.
+stage input processor that does not import, or one whose kind contradicts `async_chunk`.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import yaml
 
+from tts_engine.processors.qwen3_tts import talker2code2wav_async_chunk
+
 
 class StageConfigError(ValueError):
     pass
+
+
+@dataclass(frozen=True)
+class ChunkSchedule:
+    """How many new frames each chunk of a stream carries: `initial` first, then (growth g > 1)
+    initial * g**k capped at `size`, else `size`: 1, 2, 4, 8, 16, 25, 25, ... by default, so a real-time
+    player fed by a tiny first chunk never runs dry while the next, bigger one is generated."""
+
+    initial: int = 1
+    size: int = 25
+    growth: int = 2
+
+    def frames(self, chunk_idx: int) -> int:
+        if chunk_idx == 0:
+            return self.initial
+        if self.growth <= 1:
+            return self.size
+        return min(self.size, self.initial * self.growth ** chunk_idx)
+
+    def steady_index(self) -> int:
+        """Index of the first chunk from which every chunk has `frames(k) == frames(steady_index())`."""
+        k = 1
+        while self.frames(k) != self.frames(k + 1):
+            k += 1
+        return k
+
+    def sizes(self) -> list[int]:
+        """Every distinct chunk size of the schedule, in stream order."""
+        sizes: list[int] = []
+        for k in range(self.steady_index() + 1):
+            if self.frames(k) not in sizes:
+                sizes.append(self.frames(k))
+        return sizes
+
+    def frames_through_steady(self) -> int:
+        """Frames a stream needs to meet every chunk size once (what the warm-up generates)."""
+        return sum(self.frames(k) for k in range(self.steady_index() + 1))
+
+
+@dataclass(frozen=True)
+class TalkerStageConfig:
+    """Stage 0: the talker on vLLM."""
+
+    device: str = "auto"                      # auto: cuda when a GPU answers, else cpu
+    max_num_seqs: int = 16                    # requests stepped together (vLLM batch)
+    max_model_len: int = 4096                 # prompt + generated frames per request
+    gpu_memory_utilization: float = 0.3
+    kv_cache_gib: float | None = None         # CPU KV cache (VLLM_CPU_KVCACHE_SPACE); None: vLLM's default
+    enforce_eager: bool | None = None         # None: eager on CPU, CUDA graphs on GPU
+    seed: int = 0
+    processor: Callable = talker2code2wav_async_chunk   # the stage input processor (Stage 0 -> Stage 1)
+    sampling: dict[str, Any] = field(default_factory=dict)   # default_sampling_params
+
+
+@dataclass(frozen=True)
+class DecoderStageConfig:
+    """Stage 1: Code2Wav."""
+
+    device: str = "auto"                      # auto: the talker's device
+    chunk_size: int = 25
+    left_context_size: int = 25
+    initial_chunk_size: int = 1
+    chunk_growth: int = 2                     # >1: chunks grow geometrically from the first to chunk_size
+    decode_mode: str = "exact"                # exact (carried state) | context (the seed's left-context method)
+    max_batch_size: int = 16                  # streams decoded in one call (and CUDA graphs captured up to it)
+
+    @property
+    def schedule(self) -> ChunkSchedule:
+        return ChunkSchedule(self.initial_chunk_size, self.chunk_size, self.chunk_growth)
+
+    def graph_batch_sizes(self) -> list[int]:
+        """Batch buckets of the decoder's CUDA graphs: powers of two up to `max_batch_size`, and it."""
+        sizes, b = [], 1
+        while b < self.max_batch_size:
+            sizes.append(b)
+            b *= 2
+        return sizes + [self.max_batch_size]
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    path: Path | None = None
+    async_chunk: bool = True
+    model: str | None = None                  # the checkpoint when the caller names none
+    talker: TalkerStageConfig = field(default_factory=TalkerStageConfig)
+    decoder: DecoderStageConfig = field(default_factory=DecoderStageConfig)
+
+    def with_overrides(self, **overrides: Any) -> StageConfig:
+        """Replace fields by name (`max_num_seqs=8`, `chunk_size=12`, ...). A name of both stages
+        (`device`) means the talker's; Stage 1 follows it unless its own device is set."""
+        talker_names = {f.name for f in fields(TalkerStageConfig)}
+        decoder_names = {f.name for f in fields(DecoderStageConfig)} - {"device"}
+        talker, decoder = {}, {}
+        for key, value in overrides.items():
+            if key in talker_names:
+                talker[key] = value
+            elif key in decoder_names:
+                decoder[key] = value
+            else:
+                raise TypeError(f"unknown engine option {key!r}; known: {sorted(talker_names | decoder_names)}")
+        if "device" in talker:
+            talker["device"] = _device(talker["device"] or "auto")
+        config = replace(self, talker=replace(self.talker, **talker), decoder=replace(self.decoder, **decoder))
+        _check_kind(str(self.path or "<overrides>"), config)
+        return config
 
 
 # key -> (type(s), required)
@@ -36,47 +148,8 @@ _SAMPLING = {"temperature": (float, False), "top_k": (int, False), "top_p": (flo
              "repetition_penalty": (float, False), "max_tokens": (int, False), "do_sample": (bool, False),
              "subtalker_do_sample": (bool, False), "subtalker_temperature": (float, False),
              "subtalker_top_k": (int, False), "subtalker_top_p": (float, False), "seed": (int, False)}
-
-
-@dataclass(frozen=True)
-class TalkerStageConfig:
-    device: str = "auto"
-    max_num_seqs: int = 16
-    max_model_len: int = 4096
-    gpu_memory_utilization: float = 0.3
-    kv_cache_gib: float | None = None
-    enforce_eager: bool | None = None
-    processor: Callable = None  # type: ignore[assignment]
-    sampling: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class DecoderStageConfig:
-    device: str = "auto"
-    chunk_size: int = 25
-    left_context_size: int = 25
-    initial_chunk_size: int = 1
-    chunk_growth: int = 1           # >1: chunks grow geometrically from the first to chunk_size
-    decode_mode: str = "exact"      # exact (carried state) | context (the seed's left-context method)
-    max_batch_size: int = 16
-
-
-@dataclass(frozen=True)
-class StageConfig:
-    path: Path | None
-    async_chunk: bool
-    model: str | None
-    talker: TalkerStageConfig
-    decoder: DecoderStageConfig
-
-    def engine_options(self, base):
-        """Fold into EngineOptions (keeps anything the config does not set)."""
-        t = self.talker
-        return replace(base, device=None if t.device == "auto" else t.device, max_num_seqs=t.max_num_seqs,
-                       max_model_len=t.max_model_len, gpu_memory_utilization=t.gpu_memory_utilization,
-                       kv_cache_gib=t.kv_cache_gib if t.kv_cache_gib is not None else base.kv_cache_gib,
-                       enforce_eager=t.enforce_eager if t.enforce_eager is not None else base.enforce_eager,
-                       stage_config=self)
+_TALKER_DEFAULTS = TalkerStageConfig()
+_DECODER_DEFAULTS = DecoderStageConfig()
 
 
 def _check(where: str, data: dict, schema: dict, path: str) -> None:
@@ -101,7 +174,7 @@ def _check(where: str, data: dict, schema: dict, path: str) -> None:
 
 def _device(value: Any) -> str:
     text = str(value).strip().lower()
-    if text in ("cpu", "auto"):
+    if text in ("cpu", "auto", "meta"):
         return text
     if text.startswith("cuda"):
         return text
@@ -120,6 +193,21 @@ def _import_processor(where: str, path: str, dotted: str) -> Callable:
     if not callable(func):
         raise StageConfigError(f"{where}: '{path}' = {dotted!r} is not callable")
     return func
+
+
+def _check_kind(where: str, config: StageConfig) -> None:
+    """`async_chunk` and the processor must agree: a processor says whether it streams (`.streams`)."""
+    processor = config.talker.processor
+    streams = getattr(processor, "streams", None)
+    name = getattr(processor, "__qualname__", repr(processor))
+    if not isinstance(streams, bool):
+        raise StageConfigError(f"{where}: the stage input processor {name} does not declare `streams` "
+                               "(True: emits chunks while Stage 0 runs; False: once at the end)")
+    if streams != config.async_chunk:
+        kind = "streams chunks" if streams else "emits everything once Stage 0 finishes"
+        raise StageConfigError(f"{where}: 'async_chunk' is {str(config.async_chunk).lower()} but the stage input "
+                               f"processor {name} {kind}; use talker2code2wav_async_chunk with async_chunk: true "
+                               "or talker2code2wav with async_chunk: false")
 
 
 def _check_sources(where: str, stages: dict[int, dict]) -> None:
@@ -146,10 +234,7 @@ def _check_sources(where: str, stages: dict[int, dict]) -> None:
         visit(node, [])
 
 
-def parse_stage_config(data: Any, where: str = "<stage config>") -> StageConfig:
-    if not isinstance(data, dict):
-        raise StageConfigError(f"{where}: expected a mapping at the top level")
-    _check(where, data, _TOP, "")
+def _stages(where: str, data: dict) -> tuple[dict, dict]:
     stages: dict[int, dict] = {}
     for i, stage in enumerate(data["stage_args"]):
         if not isinstance(stage, dict):
@@ -168,8 +253,14 @@ def parse_stage_config(data: Any, where: str = "<stage config>") -> StageConfig:
     _check_sources(where, stages)
     if stages[1].get("engine_input_source", [0]) != [0]:
         raise StageConfigError(f"{where}: stage 1 must take its input from stage 0 (engine_input_source: [0])")
+    return stages[0], stages[1]
 
-    s0, s1 = stages[0], stages[1]
+
+def parse_stage_config(data: Any, where: str = "<stage config>") -> StageConfig:
+    if not isinstance(data, dict):
+        raise StageConfigError(f"{where}: expected a mapping at the top level")
+    _check(where, data, _TOP, "")
+    s0, s1 = _stages(where, data)
     p0, p1 = "stage_args[stage_id=0].", "stage_args[stage_id=1]."
     for prefix, stage, args_schema in ((p0, s0, _TALKER_ARGS), (p1, s1, _DECODER_ARGS)):
         _check(where, stage.get("runtime", {}), _RUNTIME, prefix + "runtime.")
@@ -192,8 +283,9 @@ def parse_stage_config(data: Any, where: str = "<stage config>") -> StageConfig:
         except ValueError as exc:
             raise StageConfigError(f"{where}: '{prefix}runtime.devices': {exc}") from exc
 
-    a0, a1, r0 = s0["engine_args"], s1["engine_args"], s0.get("runtime", {})
-    utilization = a0.get("gpu_memory_utilization", 0.3)
+    a0, a1, r0, r1 = s0["engine_args"], s1["engine_args"], s0.get("runtime", {}), s1.get("runtime", {})
+    t, d = _TALKER_DEFAULTS, _DECODER_DEFAULTS
+    utilization = a0.get("gpu_memory_utilization", t.gpu_memory_utilization)
     if not 0 < utilization <= 1:
         raise StageConfigError(f"{where}: '{p0}engine_args.gpu_memory_utilization' must be in (0, 1]")
     sampling = dict(s0.get("default_sampling_params", {}))
@@ -203,27 +295,32 @@ def parse_stage_config(data: Any, where: str = "<stage config>") -> StageConfig:
     if "max_tokens" in sampling:
         sampling["max_new_tokens"] = positive(p0 + "default_sampling_params.", sampling, "max_tokens", None)
         del sampling["max_tokens"]
+    seqs = positive(p0 + "engine_args.", a0, "max_num_seqs", None)
+    batch = positive(p0 + "runtime.", r0, "max_batch_size", None)
+    if seqs is not None and batch is not None and seqs != batch:
+        raise StageConfigError(f"{where}: '{p0}engine_args.max_num_seqs' ({seqs}) and '{p0}runtime.max_batch_size' "
+                               f"({batch}) name the same limit differently; keep one")
     talker = TalkerStageConfig(
-        device=device(p0, s0),
-        max_num_seqs=positive(p0 + "engine_args.", a0, "max_num_seqs", None) or
-        positive(p0 + "runtime.", r0, "max_batch_size", 16),
-        max_model_len=positive(p0 + "engine_args.", a0, "max_model_len", 4096, minimum=16),
-        gpu_memory_utilization=float(utilization), kv_cache_gib=a0.get("kv_cache_gib"),
-        enforce_eager=a0.get("enforce_eager"),
+        device=device(p0, s0), max_num_seqs=seqs or batch or t.max_num_seqs,
+        max_model_len=positive(p0 + "engine_args.", a0, "max_model_len", t.max_model_len, minimum=16),
+        gpu_memory_utilization=float(utilization), kv_cache_gib=a0.get("kv_cache_gib", t.kv_cache_gib),
+        enforce_eager=a0.get("enforce_eager", t.enforce_eager),
         processor=_import_processor(where, p0 + "engine_args.custom_process_next_stage_input_func",
                                     a0["custom_process_next_stage_input_func"]),
         sampling=sampling)
-    mode = a1.get("decode_mode", "exact")
+    mode = a1.get("decode_mode", d.decode_mode)
     if mode not in ("exact", "context"):
         raise StageConfigError(f"{where}: '{p1}engine_args.decode_mode' must be 'exact' or 'context', got {mode!r}")
     decoder = DecoderStageConfig(
-        device=device(p1, s1), chunk_size=positive(p1 + "engine_args.", a1, "chunk_size", 25),
-        left_context_size=positive(p1 + "engine_args.", a1, "left_context_size", 25, minimum=0),
-        initial_chunk_size=positive(p1 + "engine_args.", a1, "initial_chunk_size", 1), decode_mode=mode,
-        chunk_growth=positive(p1 + "engine_args.", a1, "chunk_growth", 1),
-        max_batch_size=positive(p1 + "runtime.", s1.get("runtime", {}), "max_batch_size", 16))
-    return StageConfig(path=None, async_chunk=data["async_chunk"], model=data.get("model"), talker=talker,
-                       decoder=decoder)
+        device=device(p1, s1), chunk_size=positive(p1 + "engine_args.", a1, "chunk_size", d.chunk_size),
+        left_context_size=positive(p1 + "engine_args.", a1, "left_context_size", d.left_context_size, minimum=0),
+        initial_chunk_size=positive(p1 + "engine_args.", a1, "initial_chunk_size", d.initial_chunk_size),
+        decode_mode=mode, chunk_growth=positive(p1 + "engine_args.", a1, "chunk_growth", d.chunk_growth),
+        max_batch_size=positive(p1 + "runtime.", r1, "max_batch_size", d.max_batch_size))
+    config = StageConfig(path=None, async_chunk=data["async_chunk"], model=data.get("model"), talker=talker,
+                         decoder=decoder)
+    _check_kind(where, config)
+    return config
 
 
 def load_stage_config(path: str | Path) -> StageConfig:
@@ -235,3 +332,18 @@ def load_stage_config(path: str | Path) -> StageConfig:
     except yaml.YAMLError as exc:
         raise StageConfigError(f"{path}: malformed YAML: {exc}") from exc
     return replace(parse_stage_config(data, str(path)), path=path)
+
+
+def engine_settings(stage_config: StageConfig | str | Path | None, **overrides: Any) -> StageConfig:
+    """The one way settings are assembled: the defaults, or a YAML / StageConfig, then overrides."""
+    if stage_config is None:
+        config = StageConfig()
+    elif isinstance(stage_config, StageConfig):
+        config = stage_config
+    else:
+        config = load_stage_config(stage_config)
+    return config.with_overrides(**overrides) if overrides else config
+
+
+__all__ = ["ChunkSchedule", "DecoderStageConfig", "StageConfig", "StageConfigError", "TalkerStageConfig",
+           "engine_settings", "load_stage_config", "parse_stage_config"]

@@ -13,67 +13,63 @@ import queue
 import threading
 import time
 import uuid
-from typing import AsyncIterator, Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import AsyncIterator, Iterator
 
 import numpy as np
 import torch
 
+from tts_engine.config import StageConfig, engine_settings
 from tts_engine.hub import resolve_model
+from tts_engine.models.qwen3_tts.cloner import VoiceCloner
 from tts_engine.models.qwen3_tts.codec_decoder import Code2WavDecoder
-from tts_engine.models.qwen3_tts.config import CheckpointError, Qwen3TTSConfig, load_config
+from tts_engine.models.qwen3_tts.config import CheckpointError, Qwen3TTSConfig, load_config, read_json
 from tts_engine.models.qwen3_tts.prompt import PromptBuilder, PromptInputs, TextEmbedder
 from tts_engine.models.qwen3_tts.sampling import RowSampling
 from tts_engine.models.qwen3_tts.weights import validate_checkpoint_weights
-from tts_engine.request import RequestError, SpeechRequest, SynthesisResult, VoicePrompt
+from tts_engine.processors.qwen3_tts import ChunkConnector
+from tts_engine.request import (
+    EngineClosed,
+    PromptTooLong,
+    RequestError,
+    SpeechRequest,
+    StreamingChunkOutput,
+    SynthesisResult,
+    VoicePrompt,
+    resolve_language,
+)
+from tts_engine.stages.decoder import AsyncDecodingPipeline
+from tts_engine.stages.route import Route
 from tts_engine.stages.talker import MIN_NEW_TOKENS, TalkerSampling, TalkerStage
 from tts_engine.stages.vllm_bridge import TalkerEngine
-from tts_engine.config import DecoderStageConfig, StageConfig, TalkerStageConfig, load_stage_config
-from tts_engine.processors.qwen3_tts import ChunkConnector, talker2code2wav_async_chunk
-from tts_engine.stages.decoder import AsyncDecodingPipeline
-from tts_engine.streaming import Job, StreamingChunkOutput
-from tts_engine.voices import VoiceCloner
 
 log = logging.getLogger(__name__)
 SAMPLE_RATE = 24000
 
 
-@dataclass
-class EngineOptions:
-    """Engine knobs; stage configs (configs/*.yaml) and keyword overrides land here."""
-
-    device: str | None = None            # "cuda", "cuda:1", "cpu"; default: cuda if available
-    max_num_seqs: int = 16
-    max_model_len: int = 4096
-    gpu_memory_utilization: float = 0.3
-    kv_cache_gib: float | None = None     # CPU KV cache (VLLM_CPU_KVCACHE_SPACE)
-    enforce_eager: bool | None = None     # default: eager on CPU, CUDA graphs on GPU
-    seed: int = 0
-    stage_config: "StageConfig | None" = None   # processors, chunking, Stage 1 device, sampling defaults
-
-
 class TTSEngine:
-    def __init__(self, config: Qwen3TTSConfig, options: EngineOptions, dtype: torch.dtype):
+    def __init__(self, config: Qwen3TTSConfig, settings: StageConfig, dtype: torch.dtype):
         self.config = config
-        self.options = options
+        self.settings = settings
         self.dtype = dtype
-        device = _device_of(options)
+        t, d = settings.talker, settings.decoder
+        device = _device_of(settings)
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise RuntimeError(f"the stage config places the talker on {device}, but CUDA is not available here; "
                                "use a CPU config (configs/qwen3_tts_cpu.yaml) or devices: auto")
         self.device = torch.device(device)
+        self.decoder_device = self.device if d.device == "auto" else torch.device(d.device)
+        if self.decoder_device.type == "cuda":
+            _enable_tf32_matmuls()
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(str(config.path))
-        max_model_len = options.max_model_len
-        raw = _raw_talker_config(config.path)
         self.talker_engine = TalkerEngine(
-            config.path, raw, dtype=dtype, device=self.device.type, max_num_seqs=options.max_num_seqs,
-            max_model_len=max_model_len, gpu_memory_utilization=options.gpu_memory_utilization,
-            kv_cache_gib=options.kv_cache_gib,
-            enforce_eager=options.enforce_eager if options.enforce_eager is not None else self.device.type == "cpu",
-            seed=options.seed)
+            config.path, read_json(config.path / "config.json")["talker_config"], dtype=dtype,
+            device=self.device.type, max_num_seqs=t.max_num_seqs, max_model_len=t.max_model_len,
+            gpu_memory_utilization=t.gpu_memory_utilization, kv_cache_gib=t.kv_cache_gib,
+            enforce_eager=t.enforce_eager if t.enforce_eager is not None else self.device.type == "cpu",
+            seed=t.seed)
         model = self.talker_engine.model
         self.text_embedder = TextEmbedder.from_checkpoint(config, self.device, dtype)
         embed_tokens = model.model.embed_tokens
@@ -81,45 +77,42 @@ class TTSEngine:
             config, lambda s: self.tokenizer(s)["input_ids"], self.text_embedder,
             codec_embed=embed_tokens,
             frame_embed=lambda codes: model.code_predictor.embed_codes(codes, embed_tokens.weight))
-        stages = options.stage_config or default_stage_config()
-        self.stage_config = stages
-        d = stages.decoder
-        self.decoder_device = self.device if d.device == "auto" else torch.device(d.device)
         self.decoder = Code2WavDecoder.from_folder(config.path / "speech_tokenizer", device=self.decoder_device,
                                                    dtype=torch.float32)
         self.cloner = VoiceCloner(config, self.device) if config.model_type == "base" else None
-        self.connector = ChunkConnector(chunk_size=d.chunk_size, left_context_size=d.left_context_size,
-                                        initial_chunk_size=d.initial_chunk_size, chunk_growth=d.chunk_growth)
-        self.pipeline = AsyncDecodingPipeline(self.decoder, self.decoder_device, mode=d.decode_mode,
-                                              max_batch_size=d.max_batch_size, left_context_size=d.left_context_size)
+        self.connector = ChunkConnector(schedule=d.schedule, left_context_size=d.left_context_size)
+        self.pipeline = AsyncDecodingPipeline(
+            self.decoder, self.decoder_device, mode=d.decode_mode, max_batch_size=d.max_batch_size,
+            left_context_size=d.left_context_size, graph_frame_counts=d.schedule.sizes(),
+            graph_batch_sizes=d.graph_batch_sizes())
         self.talker = TalkerStage(self.talker_engine, config, self.device)
-        self._jobs: dict[str, Job] = {}
-        self._jobs_lock = threading.Lock()
+        self._routes: dict[str, Route] = {}
+        self._routes_lock = threading.Lock()
         self._closed = False
 
     # ---- construction ----------------------------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, model: str | Path, stage_config: str | Path | None = None,
+    def from_pretrained(cls, model: str | Path | None = None, stage_config: StageConfig | str | Path | None = None,
                         dtype: torch.dtype | str | None = None, **overrides) -> "TTSEngine":
-        """`model`: a local folder or a Hub id. dtype default: bfloat16 on GPU, float32 on CPU."""
-        options = EngineOptions()
-        if stage_config is not None:
-            options = load_stage_config(stage_config).engine_options(options)
-        for key, value in overrides.items():
-            if not hasattr(options, key):
-                raise TypeError(f"unknown engine option {key!r}; known: {sorted(vars(options))}")
-            setattr(options, key, value)
+        """`model`: a local folder or a Hub id (default: the stage config's `model`). `overrides` replace
+        stage-config fields by name (`max_num_seqs=8`, `chunk_size=12`, `device="cpu"`, ...; see
+        `tts_engine.config`). dtype default: bfloat16 on GPU, float32 on CPU."""
+        settings = engine_settings(stage_config, **overrides)
+        model = model if model is not None else settings.model
+        if model is None:
+            raise TypeError("from_pretrained needs a model (a folder or Hub id), here or as `model:` in the "
+                            "stage config")
         folder = resolve_model(model)
         config = load_config(folder)
         validate_checkpoint_weights(config)
-        on_gpu = _device_of(options).startswith("cuda")
+        on_gpu = _device_of(settings).startswith("cuda")
         if dtype is None:
             dtype = torch.bfloat16 if on_gpu else torch.float32
         elif isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         log.info("loading %s (%s, %s) on %s", folder, config.model_type, config.model_size,
                  "GPU" if on_gpu else "CPU")
-        return cls(config, options, dtype)
+        return cls(config, settings, dtype)
 
     def close(self) -> None:
         """Stop the stepping thread and release the vLLM engine (idempotent)."""
@@ -147,31 +140,32 @@ class TTSEngine:
         return self.cloner.create(ref_audio, ref_text, x_vector_only)
 
     # ---- synthesis -------------------------------------------------------------------------------
-    def _submit(self, request: SpeechRequest, deliver, request_id: str | None = None) -> tuple[Job, VoicePrompt | None]:
+    def _submit(self, request: SpeechRequest, deliver, request_id: str | None = None
+                ) -> tuple[Route, VoicePrompt | None]:
         """Validate, build the prompt and start both stages; outputs go to `deliver` (any thread)."""
         if self._closed:
-            raise RuntimeError("the engine is closed")
+            raise EngineClosed("the engine is closed")
         prompt_inputs, voice = self._prompt_inputs(request)
         prompt = self.prompts.build(prompt_inputs)
         positions, limit = prompt.prefill.shape[0], self.talker_engine.max_model_len
         if positions >= limit:
-            raise RequestError(f"text is too long: its prompt takes {positions} positions and the engine's "
-                               f"max_model_len is {limit}; split the text or raise max_model_len")
+            raise PromptTooLong(f"text is too long: its prompt takes {positions} positions and the engine's "
+                                f"max_model_len is {limit}; split the text or raise max_model_len")
         sampling = self._sampling(request)
         request_id = request_id or uuid.uuid4().hex
-        processor = self.stage_config.talker.processor
-        job = Job(request_id, processor, self.connector, self.pipeline, deliver, self._job_done, self.decoder_device)
-        with self._jobs_lock:
-            if request_id in self._jobs:
+        route = Route(request_id, self.settings.talker.processor, self.connector, self.pipeline, deliver,
+                      self._route_done, self.decoder_device)
+        with self._routes_lock:
+            if request_id in self._routes:
                 raise RequestError(f"request id {request_id!r} is already running")
-            self._jobs[request_id] = job
-        self.pipeline.open(request_id, job.on_output, context_codes=prompt_inputs.ref_codes)
-        self.talker.submit(request_id, prompt, sampling, job.on_frames, job.on_finish)
-        return job, voice
+            self._routes[request_id] = route
+        self.pipeline.open(request_id, route.on_output, context_codes=prompt_inputs.ref_codes)
+        self.talker.submit(request_id, prompt, sampling, route.on_frames, route.on_finish)
+        return route, voice
 
-    def _job_done(self, request_id: str) -> None:
-        with self._jobs_lock:
-            self._jobs.pop(request_id, None)
+    def _route_done(self, request_id: str) -> None:
+        with self._routes_lock:
+            self._routes.pop(request_id, None)
 
     async def generate(self, request: SpeechRequest, request_id: str | None = None
                        ) -> AsyncIterator[StreamingChunkOutput]:
@@ -181,7 +175,7 @@ class TTSEngine:
         """
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue = asyncio.Queue()
-        job, _ = await loop.run_in_executor(
+        route, _ = await loop.run_in_executor(
             None, self._submit, request, lambda item: loop.call_soon_threadsafe(inbox.put_nowait, item), request_id)
         finished = False
         try:
@@ -196,14 +190,14 @@ class TTSEngine:
                     return
         finally:
             if not finished:
-                self.abort(job.request_id)
+                self.abort(route.request_id)
 
     def abort(self, request_id: str) -> None:
         """Stop a request in both stages and free its buffers (returns at once; see `drain`)."""
-        with self._jobs_lock:
-            job = self._jobs.pop(request_id, None)
-        if job is not None:
-            job.cancel()
+        with self._routes_lock:
+            route = self._routes.pop(request_id, None)
+        if route is not None:
+            route.cancel()
         self.talker.abort(request_id)
         self.pipeline.abort(request_id)
 
@@ -215,7 +209,7 @@ class TTSEngine:
     def debug_state(self) -> dict[str, set[str]]:
         """Per-request state still held by each part of the engine (for tests and diagnostics)."""
         return {
-            "jobs": set(self._jobs), "stage0": set(self.talker.active_request_ids),
+            "routes": set(self._routes), "stage0": set(self.talker.active_request_ids),
             "vllm": set(self.talker_engine.unfinished_request_ids()),
             "connector": self.connector.active_request_ids(), "stage1": self.pipeline.active_request_ids,
         }
@@ -225,12 +219,7 @@ class TTSEngine:
         first-call costs (vLLM's first steps, allocator growth, kernels for each chunk shape).
         Returns the seconds it took."""
         start = time.perf_counter()
-        d = self.stage_config.decoder
-        frames, size, k = d.initial_chunk_size, d.initial_chunk_size, 1
-        while size < d.chunk_size:     # cover every chunk size of the schedule once
-            size = min(d.chunk_size, d.initial_chunk_size * max(2, d.chunk_growth) ** k)
-            frames += size
-            k += 1
+        frames = self.settings.decoder.schedule.frames_through_steady()   # every chunk size of the schedule once
         kind = self.config.model_type
         fields: dict = {"voice": VoicePrompt(torch.zeros(self.config.talker.shape.hidden_size), x_vector_only=True)}
         if kind == "custom_voice":
@@ -249,7 +238,7 @@ class TTSEngine:
         """Blocking counterpart of `generate` for threads (e.g. a WebRTC generator); closing the
         iterator early aborts the request."""
         inbox: queue.Queue = queue.Queue()
-        job, _ = self._submit(request, inbox.put, request_id)
+        route, _ = self._submit(request, inbox.put, request_id)
         finished = False
         try:
             while not finished:
@@ -261,7 +250,7 @@ class TTSEngine:
                 yield item
         finally:
             if not finished:
-                self.abort(job.request_id)
+                self.abort(route.request_id)
 
     def synthesize(self, request: SpeechRequest) -> SynthesisResult:
         """Run one request to completion and return all of it (the concatenated stream).
@@ -269,7 +258,7 @@ class TTSEngine:
         Several threads may call this at once; vLLM batches their talker steps.
         """
         inbox: queue.Queue = queue.Queue()
-        job, voice = self._submit(request, inbox.put)
+        route, voice = self._submit(request, inbox.put)
         chunks: list[StreamingChunkOutput] = []
         try:
             while True:
@@ -280,7 +269,7 @@ class TTSEngine:
                 if item.is_finished:
                     break
         except BaseException:
-            self.abort(job.request_id)
+            self.abort(route.request_id)
             raise
         audio = np.concatenate([c.audio for c in chunks]) if chunks else np.zeros(0, np.float32)
         codes = [c.codec_codes for c in chunks if c.codec_codes is not None and len(c.codec_codes)]
@@ -307,9 +296,7 @@ class TTSEngine:
         cfg = self.config
         if not isinstance(r.text, str) or not r.text.strip():
             raise RequestError("text is empty")
-        language = (r.language or "auto").strip().lower()
-        if language not in cfg.supported_languages:
-            raise RequestError(f"unsupported language {r.language!r}; supported: {cfg.supported_languages}")
+        language = resolve_language(r.language, cfg.supported_languages)
         speaker = r.speaker.strip().lower() if r.speaker else None
         instruct = r.instruct if (r.instruct and r.instruct.strip()) else None
         voice: VoicePrompt | None = None
@@ -352,7 +339,7 @@ class TTSEngine:
     def _sampling(self, r: SpeechRequest) -> TalkerSampling:
         """Request value, else the stage config's default_sampling_params, else generation_config.json."""
         g = self.config.generation
-        stage = self.stage_config.talker.sampling
+        stage = self.settings.talker.sampling
         fields = dict(max_new_tokens=g.max_new_tokens, temperature=g.temperature, top_k=g.top_k, top_p=g.top_p,
                       repetition_penalty=g.repetition_penalty, do_sample=g.do_sample,
                       subtalker_do_sample=g.subtalker_do_sample, subtalker_temperature=g.subtalker_temperature,
@@ -387,22 +374,20 @@ class TTSEngine:
                                   temperature=sub_t, top_k=sub_k, top_p=sub_p, generator=generator))
 
 
-def _device_of(options: EngineOptions) -> str:
+def _device_of(settings: StageConfig) -> str:
     """The talker's device: the configured one, else CUDA when there is a GPU."""
-    return options.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = settings.talker.device
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
 
 
-def default_stage_config() -> StageConfig:
-    """What configs/qwen3_tts.yaml says: async_chunk streaming, exact decoding, a first chunk of 1 frame
-    growing 2, 4, ... up to 25 (devices and sizes left to the machine)."""
-    return StageConfig(path=None, async_chunk=True, model=None,
-                       talker=TalkerStageConfig(processor=talker2code2wav_async_chunk),
-                       decoder=DecoderStageConfig(chunk_growth=2))
+def _enable_tf32_matmuls() -> None:
+    """Process-wide: TF32 matmuls (convolutions already use TF32 by default) for the float32 codec on a
+    GPU: ~2x on batched chunks, ~1e-3 relative rounding, no bf16 NaN/silence. Set once here, when an
+    engine with a CUDA decoder is built, because torch offers no per-module switch; it also applies to
+    any other float32 matmul in the process (the talker runs in bf16 and is unaffected)."""
+    torch.backends.cuda.matmul.allow_tf32 = True
 
 
-def _raw_talker_config(folder: Path) -> dict:
-    from tts_engine.models.qwen3_tts.config import read_json
-    return read_json(folder / "config.json")["talker_config"]
-
-
-__all__ = ["TTSEngine", "EngineOptions", "CheckpointError"]
+__all__ = ["TTSEngine", "CheckpointError"]

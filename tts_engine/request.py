@@ -1,19 +1,36 @@
-"""Public request/result types. Field names mirror the official `qwen_tts` API."""
+"""Public types in and out of the engine, and its typed errors. Field names mirror the official
+`qwen_tts` API.
+
+Errors: `RequestError` (the request cannot be served as given: a 4xx for a server) and its
+`PromptTooLong`; `StreamFailed` (a stage failed while serving it: a 5xx) and its `RequestAborted`;
+`EngineClosed` (the engine no longer takes requests: a 503). Callers tell them apart by type.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Union
 
 import numpy as np
 import torch
 
-AudioInput = Union[str, Path, tuple[np.ndarray, int]]
+AudioInput = str | Path | tuple[np.ndarray, int]
 
 
 class RequestError(ValueError):
     """The request cannot be served as given; the message names the field and the problem."""
+
+    param: str | None = None
+
+
+class PromptTooLong(RequestError):
+    """The prompt (text, reference) leaves no room for audio under the engine's max_model_len."""
+
+    param = "text"
+
+
+class EngineClosed(RuntimeError):
+    """The engine is closed (or closing) and takes no new requests."""
 
 
 @dataclass
@@ -59,3 +76,76 @@ class SynthesisResult:
     audio: np.ndarray       # float32 mono
     sample_rate: int
     codes: np.ndarray       # int64 [frames, 16]
+
+
+@dataclass
+class RequestMetrics:
+    """Timings of one request, seconds since submission."""
+
+    request_id: str
+    submitted_at: float                     # time.perf_counter() at submission
+    first_frame_s: float | None = None
+    first_chunk_s: float | None = None      # first delta PCM ready (server side)
+    finished_s: float | None = None
+    frame_times_s: list[float] = field(default_factory=list)
+    frames: int = 0
+    audio_samples: int = 0
+    sample_rate: int = 24000
+
+    @property
+    def audio_seconds(self) -> float:
+        return self.audio_samples / self.sample_rate
+
+    @property
+    def real_time_factor(self) -> float | None:
+        """Wall time per second of audio (< 1 is faster than real time)."""
+        if self.finished_s is None or self.audio_samples == 0:
+            return None
+        return self.finished_s / self.audio_seconds
+
+    @property
+    def per_frame_s(self) -> list[float]:
+        """Time between consecutive frames (the first entry is time to the first frame)."""
+        times = self.frame_times_s
+        return [t - (times[i - 1] if i else 0.0) for i, t in enumerate(times)]
+
+
+@dataclass
+class StreamingChunkOutput:
+    """One delta of a request's audio: only the samples produced since the previous chunk."""
+
+    request_id: str
+    chunk_idx: int
+    is_finished: bool
+    total_generated: int                    # samples delivered so far, this chunk included
+    audio: np.ndarray                       # float32 mono delta
+    sample_rate: int = 24000
+    codec_codes: np.ndarray | None = None   # int64 [frames, 16] of this chunk
+    metrics: RequestMetrics | None = None   # set on the final chunk
+
+
+class StreamFailed(RuntimeError):
+    """A request failed inside a stage (the message says where)."""
+
+
+class RequestAborted(StreamFailed):
+    """The request was aborted (by the caller, or because its consumer went away)."""
+
+
+# OpenAI / ISO-639-1 codes accepted everywhere as aliases of the checkpoint's language names.
+LANGUAGE_ALIASES = {"en": "english", "zh": "chinese", "ja": "japanese", "ko": "korean", "de": "german",
+                    "fr": "french", "ru": "russian", "pt": "portuguese", "es": "spanish", "it": "italian"}
+
+
+class UnsupportedLanguage(RequestError):
+    param = "language"
+
+
+def resolve_language(language: str | None, supported: list[str]) -> str:
+    """The one language resolver of every route: None/blank -> "auto", ISO codes -> names, case-blind."""
+    raw = (language or "auto").strip().lower() or "auto"
+    resolved = LANGUAGE_ALIASES.get(raw, raw)
+    if resolved not in supported:
+        raise UnsupportedLanguage(f"unsupported language {language!r}; supported: {', '.join(supported)} "
+                                  f"(or the codes {', '.join(sorted(LANGUAGE_ALIASES))})")
+    return resolved

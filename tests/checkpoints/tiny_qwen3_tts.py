@@ -21,8 +21,8 @@ from tests.checkpoints.tiny_speech_tokenizer import write_tiny_speech_tokenizer
 # demo-checkpoint module, so the tests and `--demo` share ONE copy. Only the weights differ in origin:
 # here the official classes, there our own modules (tests/test_demo_checkpoint.py checks them against
 # the official classes).
-from tts_engine.demo_checkpoint import DEMO_GENERATION as OFFICIAL_GENERATION
-from tts_engine.demo_checkpoint import (
+from tts_engine.tools.demo_checkpoint import DEMO_GENERATION as OFFICIAL_GENERATION
+from tts_engine.tools.demo_checkpoint import (
     DIALECTS,
     LANGUAGES,
     SPEAKERS,
@@ -30,7 +30,7 @@ from tts_engine.demo_checkpoint import (
     TEXT_VOCAB,
     write_text_tokenizer,
 )
-from tts_engine.demo_checkpoint import demo_config as tiny_config
+from tts_engine.tools.demo_checkpoint import demo_config as tiny_config
 
 __all__ = ["DIALECTS", "LANGUAGES", "OFFICIAL_GENERATION", "SPEAKERS", "SPECIAL_TOKENS", "TEXT_VOCAB", "tiny_config",
            "write_text_tokenizer", "write_tiny_checkpoint"]

@@ -1,13 +1,13 @@
 """Stage input processors: Stage 0 (talker frames) -> Stage 1 (Code2Wav) inputs.
 
-The contract is the RFC's: `processor(connector, pooling_output, request) -> dict | None`. The
+The contract is the RFC's: `processor(connector, pooling_output, request) -> CodecChunk | None`. The
 connector buffers each request's frames (`code_prompt_token_ids[request_id]`); the processor returns
 None until a chunk is ready, then the chunk's frames preceded by up to `left_context_size` frames of
-context. `talker2code2wav_async_chunk` streams (first chunk after `initial_chunk_size` frames, then
-every `chunk_size`, the remainder flushed with `finished=True`); `talker2code2wav` is the batch mode
-(everything at once when Stage 0 finishes). `chunk_growth` > 1 makes the chunks after the first grow
-geometrically up to `chunk_size` (for real-time players fed by a one-frame first chunk). Call it once per new frame, and once more with
-`pooling_output=None` when the request finishes.
+context. `talker2code2wav_async_chunk` streams (chunk sizes from the connector's `ChunkSchedule`, the
+remainder flushed with `finished=True`); `talker2code2wav` is the batch mode (everything at once when
+Stage 0 finishes). Call it once per new frame, and once more with `pooling_output=None` when the
+request finishes. Each processor declares `streams` (True / False), which the stage config checks
+against `async_chunk`.
 """
 
 from __future__ import annotations
@@ -25,14 +25,36 @@ class StageRequest(Protocol):
     def is_finished(self) -> bool: ...
 
 
+class Schedule(Protocol):
+    def frames(self, chunk_idx: int) -> int: ...
+
+
+@dataclass
+class CodecChunk:
+    """One Stage 1 input: `codes` = `left_context_size` frames of context, then the new frames."""
+
+    request_id: str
+    chunk_idx: int
+    codes: torch.Tensor                   # int64 [context + new, 16]
+    left_context_size: int
+    finished: bool
+    ready: Any = None                     # CUDA event recorded where the codes were made (Stage 1 waits on it)
+
+    @property
+    def new_codes(self) -> torch.Tensor:
+        return self.codes[self.left_context_size:]
+
+    @property
+    def new_frames(self) -> int:
+        return self.codes.shape[0] - self.left_context_size
+
+
 @dataclass
 class ChunkConnector:
     """Per-request buffers between the stages; `free` drops everything of a request."""
 
-    chunk_size: int = 25
+    schedule: Schedule
     left_context_size: int = 25
-    initial_chunk_size: int = 1
-    chunk_growth: int = 1       # >1: chunk sizes grow geometrically from initial_chunk_size to chunk_size
     code_prompt_token_ids: dict[str, list[torch.Tensor]] = field(default_factory=lambda: defaultdict(list))
     put_requests: dict[str, int] = field(default_factory=lambda: defaultdict(int))   # chunks sent
     sent_frames: dict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -54,40 +76,25 @@ def _buffer(connector: ChunkConnector, pooling_output: dict[str, Any] | None, re
 
 
 def _emit(connector: ChunkConnector, request_id: str, frames: list, count: int, finished: bool,
-          left_context_size: int) -> dict[str, Any]:
+          left_context_size: int) -> CodecChunk:
     start = connector.sent_frames[request_id]
     context = min(left_context_size, start)
     window = frames[start - context:start + count]
-    chunk = {
-        "request_id": request_id,
-        "chunk_idx": connector.put_requests[request_id],
-        "codes": torch.stack(window) if window else torch.zeros(0, 16, dtype=torch.long),
-        "left_context_size": context,
-        "finished": finished,
-    }
+    chunk = CodecChunk(request_id=request_id, chunk_idx=connector.put_requests[request_id],
+                       codes=torch.stack(window) if window else torch.zeros(0, 16, dtype=torch.long),
+                       left_context_size=context, finished=finished)
     connector.sent_frames[request_id] = start + count
     connector.put_requests[request_id] += 1
     return chunk
 
 
-def chunk_target(connector: ChunkConnector, chunk_idx: int) -> int:
-    """Frames in chunk `chunk_idx`: initial_chunk_size first, then chunk_size (or, with
-    chunk_growth g > 1, initial * g**k capped at chunk_size, so a player fed by a tiny first chunk
-    never runs dry while the next, bigger one is generated: 1, 2, 4, 8, 16, 25, 25, ...)."""
-    if chunk_idx == 0:
-        return connector.initial_chunk_size
-    if connector.chunk_growth <= 1:
-        return connector.chunk_size
-    return min(connector.chunk_size, connector.initial_chunk_size * connector.chunk_growth ** chunk_idx)
-
-
 def talker2code2wav_async_chunk(connector: ChunkConnector, pooling_output: dict[str, Any] | None,
-                                request: StageRequest) -> dict[str, Any] | None:
+                                request: StageRequest) -> CodecChunk | None:
     request_id = request.request_id
     finished = request.is_finished()
     frames = _buffer(connector, pooling_output, request_id)
     pending = len(frames) - connector.sent_frames[request_id]
-    target = chunk_target(connector, connector.put_requests[request_id])
+    target = connector.schedule.frames(connector.put_requests[request_id])
     if finished:
         return _emit(connector, request_id, frames, pending, True, connector.left_context_size)
     if pending < target:
@@ -96,9 +103,13 @@ def talker2code2wav_async_chunk(connector: ChunkConnector, pooling_output: dict[
 
 
 def talker2code2wav(connector: ChunkConnector, pooling_output: dict[str, Any] | None,
-                    request: StageRequest) -> dict[str, Any] | None:
+                    request: StageRequest) -> CodecChunk | None:
     request_id = request.request_id
     frames = _buffer(connector, pooling_output, request_id)
     if not request.is_finished():
         return None
     return _emit(connector, request_id, frames, len(frames), True, 0)
+
+
+talker2code2wav_async_chunk.streams = True   # type: ignore[attr-defined]
+talker2code2wav.streams = False              # type: ignore[attr-defined]

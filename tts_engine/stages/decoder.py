@@ -9,9 +9,12 @@ same length; each request's chunks are always decoded in order.
 
 On CUDA the decoder runs on its own stream, so its kernels overlap the talker's instead of queueing
 behind them on the default stream; a chunk's codes carry an event recorded where they were made.
-Single-stream steps replay CUDA graphs (`Code2WavDecoder.enable_cuda_graphs`), matmuls use TF32, and
-each round decodes the smallest chunks first, so a new request's first chunk does not wait behind
-other streams' 25-frame chunks.
+Steps replay CUDA graphs (`Code2WavDecoder.enable_cuda_graphs`) for every chunk size of the schedule
+and batch buckets up to `max_batch_size`, and each round decodes the smallest chunks first, so a new
+request's first chunk does not wait behind other streams' 25-frame chunks.
+
+Threads: commands (`open`, `put`, `abort`, `barrier`) come from any thread through one queue; only
+the `tts-stage1` thread touches `_streams` and the decoder; `on_output` callbacks run on it.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import numpy as np
 import torch
 
 from tts_engine.models.qwen3_tts.codec_decoder import Code2WavDecoder, DecoderStreamState
+from tts_engine.processors.qwen3_tts import CodecChunk
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +43,13 @@ class _Stream:
     on_output: OutputCallback
     state: DecoderStreamState | None = None
     history: torch.Tensor | None = None          # context mode: frames available as left context
-    pending: list[dict] = field(default_factory=list)
+    pending: list[CodecChunk] = field(default_factory=list)
 
 
 class AsyncDecodingPipeline:
     def __init__(self, decoder: Code2WavDecoder, device: torch.device, mode: str = "exact",
-                 max_batch_size: int = 16, left_context_size: int = 25):
+                 max_batch_size: int = 16, left_context_size: int = 25,
+                 graph_frame_counts: list[int] | None = None, graph_batch_sizes: list[int] | None = None):
         if mode not in ("exact", "context"):
             raise ValueError(f"decode mode must be 'exact' or 'context', got {mode!r}")
         self.decoder = decoder
@@ -57,12 +62,8 @@ class AsyncDecodingPipeline:
         self._inbox: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        if self._stream is not None and next(decoder.parameters()).dtype == torch.float32:
-            # TF32 matmuls (convolutions already use TF32 by default): ~2x on batched chunks; the
-            # codec stays float32 in range (no bf16 NaN/silence), ~1e-3 relative rounding.
-            torch.backends.cuda.matmul.allow_tf32 = True
-        if self._stream is not None and mode == "exact":
-            decoder.enable_cuda_graphs()            # single-stream steps replay captured graphs
+        if self._stream is not None and mode == "exact" and graph_frame_counts:
+            decoder.enable_cuda_graphs(graph_frame_counts, graph_batch_sizes or [1])
         self._thread = threading.Thread(target=self._run, name="tts-stage1", daemon=True)
         self._thread.start()
 
@@ -78,12 +79,11 @@ class AsyncDecodingPipeline:
         if not done.wait(timeout):
             raise TimeoutError("Stage 1 did not reach the barrier")
 
-    def put(self, chunk: dict) -> None:
-        if self._stream is not None and chunk["codes"].is_cuda:
-            ready = torch.cuda.Event()
-            ready.record()                  # on the producer's (Stage 0) current stream
-            chunk["ready"] = ready
-        self._inbox.put(("chunk", chunk["request_id"], chunk))
+    def put(self, chunk: CodecChunk) -> None:
+        if self._stream is not None and chunk.codes.is_cuda:
+            chunk.ready = torch.cuda.Event()
+            chunk.ready.record()            # on the producer's (Stage 0) current stream
+        self._inbox.put(("chunk", chunk.request_id, chunk))
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(("abort", request_id, None))
@@ -150,7 +150,7 @@ class AsyncDecodingPipeline:
         ready = [(rid, s, s.pending.pop(0)) for rid, s in list(self._streams.items()) if s.pending]
         groups: dict[int, list] = {}
         for item in ready:
-            groups.setdefault(self._new_frames(item[2]), []).append(item)
+            groups.setdefault(item[2].new_frames, []).append(item)
         for frames, items in sorted(groups.items()):    # small (first) chunks first: time to first audio
             for start in range(0, len(items), self.max_batch_size):
                 batch = items[start:start + self.max_batch_size]
@@ -160,37 +160,33 @@ class AsyncDecodingPipeline:
                     log.exception("decode failed")
                     for rid, stream, chunk in batch:
                         self._streams.pop(rid, None)
-                        stream.on_output(rid, chunk["chunk_idx"], np.zeros(0, np.float32), True,
+                        stream.on_output(rid, chunk.chunk_idx, np.zeros(0, np.float32), True,
                                          f"decoder failed: {exc}")
                     continue
                 for (rid, stream, chunk), wav in zip(batch, audio):
-                    if chunk["finished"]:
+                    if chunk.finished:
                         self._streams.pop(rid, None)
-                    stream.on_output(rid, chunk["chunk_idx"], wav, chunk["finished"], None)
-
-    @staticmethod
-    def _new_frames(chunk: dict) -> int:
-        return chunk["codes"].shape[0] - chunk["left_context_size"]
+                    stream.on_output(rid, chunk.chunk_idx, wav, chunk.finished, None)
 
     def _decode(self, batch: list, frames: int) -> list[np.ndarray]:
         if frames == 0:
             return [np.zeros(0, np.float32) for _ in batch]
         if self._stream is not None:
             for _, _, chunk in batch:
-                ready = chunk.pop("ready", None)
-                if ready is not None:
-                    self._stream.wait_event(ready)
-                if chunk["codes"].is_cuda:
-                    chunk["codes"].record_stream(self._stream)
+                if chunk.ready is not None:
+                    self._stream.wait_event(chunk.ready)
+                    chunk.ready = None
+                if chunk.codes.is_cuda:
+                    chunk.codes.record_stream(self._stream)
         if self.mode == "exact":
-            codes = torch.stack([c["codes"][c["left_context_size"]:] for _, _, c in batch]).to(self.device)
+            codes = torch.stack([c.new_codes for _, _, c in batch]).to(self.device)
             wav = self.decoder.decode_step([s.state for _, s, _ in batch], codes)
             return list(wav.float().cpu().numpy())
         out = []
         for _, stream, chunk in batch:
             # The seed's method: decode (left context + chunk) from scratch and drop the context's
             # samples. The context is the stream's own history, which also covers ICL reference codes.
-            new = chunk["codes"][chunk["left_context_size"]:].to(self.device)
+            new = chunk.new_codes.to(self.device)
             history = stream.history if stream.history is not None else new[:0]
             context = history[max(0, history.shape[0] - self.left_context_size):]
             wav = self.decoder.decode_full(torch.cat([context, new]))[context.shape[0] * self.samples_per_frame:]

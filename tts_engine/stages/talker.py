@@ -26,13 +26,14 @@ import torch
 from tts_engine.models.qwen3_tts.config import Qwen3TTSConfig
 from tts_engine.models.qwen3_tts.prompt import TalkerPrompt
 from tts_engine.models.qwen3_tts.sampling import BatchSampling, RowSampling, to_device
+from tts_engine.request import PromptTooLong, RequestAborted, StreamFailed
 from tts_engine.stages.vllm_bridge import PreemptedRequest, TalkerEngine
 
 log = logging.getLogger(__name__)
 MIN_NEW_TOKENS = 2
 
 FramesCallback = Callable[[torch.Tensor], None]       # new frames [n, 16] (device tensor)
-FinishCallback = Callable[[str | None], None]         # None on success, else an error message
+FinishCallback = Callable[[Exception | None], None]   # None on success, else why it ended
 
 
 @dataclass
@@ -59,7 +60,6 @@ class _RequestState:
     internal_id: str = ""
     step: int = 0                           # decode steps fed so far (= frames completed)
     pending: list[torch.Tensor] = field(default_factory=list)   # frames not yet handed out
-    error: str | None = None
 
 
 class TalkerStage:
@@ -85,7 +85,6 @@ class TalkerStage:
         self._seen_table: torch.Tensor | None = None
         self._decode_batch: _BatchCache | None = None
         self._logits_batch: _BatchCache | None = None
-        self.debug_host_syncs = False   # benchmarks: re-create the blocking uploads the hooks used to do
         self._commands: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         if self.device.type == "cuda" and not engine.enforce_eager:
@@ -136,11 +135,11 @@ class TalkerStage:
             try:
                 outputs = self.engine.step()
             except PreemptedRequest as exc:
-                self._fail_all(str(exc))
+                self._fail_all(StreamFailed(str(exc)))
                 continue
             except Exception as exc:  # an engine failure must not hang callers
                 log.exception("talker step failed")
-                self._fail_all(f"talker step failed: {exc}")
+                self._fail_all(StreamFailed(f"talker step failed: {exc}"))
                 continue
             self._deliver(outputs)
 
@@ -150,15 +149,16 @@ class TalkerStage:
             s = state.sampling
             max_tokens = min(s.max_new_tokens, self.engine.max_model_len - state.prompt.prefill.shape[0])
             if max_tokens < 1:
-                state.on_finish(f"prompt of {state.prompt.prefill.shape[0]} positions leaves no room "
-                                f"under max_model_len={self.engine.max_model_len}")
+                state.on_finish(PromptTooLong(f"text is too long: its prompt takes {state.prompt.prefill.shape[0]} "
+                                              f"positions, which leaves no room under max_model_len="
+                                              f"{self.engine.max_model_len}"))
                 return
             try:
                 state.internal_id = self.engine.add(
                     state.request_id, state.prompt.prefill, greedy=s.greedy, temperature=s.temperature,
                     top_k=s.top_k, top_p=s.top_p, max_tokens=max_tokens, eos_id=self.eos, seed=s.seed)
             except Exception as exc:
-                state.on_finish(f"talker rejected the request: {exc}")
+                state.on_finish(StreamFailed(f"talker rejected the request: {exc}"))
                 return
             state.slot = self._take_slot()
             self._by_internal[state.internal_id] = state
@@ -169,9 +169,9 @@ class TalkerStage:
             state = self._by_id.get(arg)
             if state is not None:
                 self.engine.abort([state.internal_id])
-                self._release(state, "aborted")
+                self._release(state, RequestAborted(f"request {arg} was aborted"))
 
-    def _release(self, state: _RequestState, error: str | None) -> None:
+    def _release(self, state: _RequestState, error: Exception | None) -> None:
         self._by_internal.pop(state.internal_id, None)
         self._by_id.pop(state.request_id, None)
         if state.slot >= 0:
@@ -219,11 +219,11 @@ class TalkerStage:
             self._logits_batch = batch
         return batch
 
-    def _fail_all(self, message: str) -> None:
+    def _fail_all(self, error: Exception) -> None:
         states = list(self._by_id.values())
         self.engine.abort([s.internal_id for s in states])
         for state in states:
-            self._release(state, message)
+            self._release(state, error)
 
     def _deliver(self, outputs) -> None:
         for state in list(self._by_id.values()):
@@ -235,18 +235,15 @@ class TalkerStage:
         for out in outputs:
             state = self._by_id.get(out.request_id)
             if state is not None and out.finished:
-                error = state.error
-                if error is None and out.finish_reason not in (None, "stop", "length"):
-                    error = f"the talker engine ended the request ({out.finish_reason})"
+                error = None
+                if out.finish_reason not in (None, "stop", "length"):
+                    error = StreamFailed(f"the talker engine ended the request ({out.finish_reason})")
                 self._release(state, error)
 
     # ---- hooks called by the model inside engine.step() --------------------------------------------
     @torch.inference_mode()
     def decode_embeddings(self, token_ids: torch.Tensor, rows: list[str]) -> torch.Tensor:
         states = [self._by_internal[r] for r in rows]
-        if self.debug_host_syncs and self.device.type == "cuda":
-            for _ in range(5):          # stack(hidden) + 4 sampling tensors, each a blocking upload
-                torch.cuda.synchronize(self.device)
         batch = self._batch("decode", states)
         hidden = self._hidden_table[batch.slots]
         embed_tokens = self.model.model.embed_tokens
@@ -269,9 +266,6 @@ class TalkerStage:
             return logits
         if self._hidden_table is None or self._hidden_table.dtype != hidden.dtype:
             self._hidden_table = hidden.new_zeros(self._slot_count, hidden.shape[1])
-        if self.debug_host_syncs and self.device.type == "cuda":
-            for _ in range(2):          # penalty + early-EOS tensors, each a blocking upload
-                torch.cuda.synchronize(self.device)
         batch = self._batch("logits", states)
         steps = [s.step for s in states]
         if batch.steps is not None and batch.host_steps is not None and steps == [t + 1 for t in batch.host_steps]:

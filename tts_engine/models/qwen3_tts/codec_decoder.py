@@ -24,7 +24,7 @@ so states of different streams can be concatenated along the batch dimension and
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -574,15 +574,13 @@ class Code2WavDecoder(nn.Module):
         self._graphs: _DecoderGraphs | None = None
         self.use_graphs = True     # a switch for benchmarks (captured graphs stay valid)
 
-    def enable_cuda_graphs(self, frame_counts: Sequence[int] = (1, 2, 4, 8, 16, 25),
-                           batch_sizes: Sequence[int] = (1, 2, 4, 8, 16), _emulate: bool = False) -> None:
-        """Replay CUDA graphs for `decode_step`s of these frame counts (by default the chunk schedule
-        1, 2, 4, ..., 25) and up to max(batch_sizes) streams (a batch is padded to the next size), all
-        captured here, before serving; other shapes run eagerly. A one-frame step is ~400 small
-        kernels: launch-bound eager (~10-20 ms on an H200), ~3 ms as a graph. CUDA only
-        (`_emulate`: run the same buffer logic without graphs, for tests)."""
-        if self.quantizer.tables.is_cuda or _emulate:
-            self._graphs = _DecoderGraphs(self, frame_counts, batch_sizes, emulate=_emulate)
+    def enable_cuda_graphs(self, frame_counts: Sequence[int], batch_sizes: Sequence[int]) -> None:
+        """Replay CUDA graphs for `decode_step`s of these frame counts (the engine passes its chunk
+        schedule, `ChunkSchedule.sizes()`) and up to max(batch_sizes) streams (a batch is padded to
+        the next size), all captured here, before serving; other shapes run eagerly. A one-frame step
+        is ~400 small kernels: launch-bound eager (~10-20 ms on an H200), ~3 ms as a graph. CUDA only."""
+        if self.quantizer.tables.is_cuda:
+            self._graphs = _DecoderGraphs(self, frame_counts, batch_sizes)
 
     # ---- loading --------------------------------------------------------------------------------
 
@@ -734,14 +732,12 @@ class _DecoderGraphs:
     stream its rows, exactly as the eager batched path does.
     """
 
-    def __init__(self, decoder: Code2WavDecoder, frame_counts: Sequence[int], batch_sizes: Sequence[int],
-                 emulate: bool = False):
+    def __init__(self, decoder: Code2WavDecoder, frame_counts: Sequence[int], batch_sizes: Sequence[int]):
         self.decoder = decoder
         self.frame_counts = frozenset(frame_counts)
         self.batch_sizes = sorted(set(batch_sizes))
         self.max_batch = self.batch_sizes[-1]      # lower it to keep larger batches eager (benchmarks)
-        self.emulate = emulate
-        self.pool = None if emulate else torch.cuda.graph_pool_handle()
+        self.pool = self._new_pool()
         self._graphs: dict[tuple[int, int], tuple] = {}
         with torch.inference_mode():
             for b in reversed(self.batch_sizes):            # largest first: smaller reuse the pool
@@ -756,17 +752,16 @@ class _DecoderGraphs:
         device = decoder.quantizer.tables.device
         codes = torch.zeros(b, n, decoder.config.num_quantizers, dtype=torch.long, device=device)
         state = decoder.new_stream_state(b)
-        if self.emulate:
-            wav, next_state = decoder._run(codes, state)
+        replay, wav, next_state = self._record(codes, state)
+        self._graphs[(b, n)] = (replay, codes, state, wav, next_state)
 
-            def replay():
-                w, nxt = decoder._run(codes, state)
-                wav.copy_(w)
-                for dst, src in zip(next_state.buffers, nxt.buffers):
-                    dst.copy_(src)
-                next_state.positions.copy_(nxt.positions)
-            self._graphs[(b, n)] = (replay, codes, state, wav, next_state)
-            return
+    def _new_pool(self):
+        return torch.cuda.graph_pool_handle()
+
+    def _record(self, codes: Tensor, state: DecoderStreamState) -> tuple[Callable[[], None], Tensor,
+                                                                         DecoderStreamState]:
+        """Capture one `_run` on static inputs; returns (replay, static wav, static next state)."""
+        decoder, device = self.decoder, codes.device
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
@@ -776,7 +771,7 @@ class _DecoderGraphs:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             wav, next_state = decoder._run(codes, state)
-        self._graphs[(b, n)] = (graph.replay, codes, state, wav, next_state)
+        return graph.replay, wav, next_state
 
     def run(self, codes: Tensor, states: Sequence[DecoderStreamState]) -> tuple[Tensor, DecoderStreamState]:
         batch, n = codes.shape[0], codes.shape[1]

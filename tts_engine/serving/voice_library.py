@@ -1,8 +1,4 @@
-"""Voices: clone a voice from a reference clip (`VoiceCloner`) and keep clones on disk (`VoiceLibrary`).
-
-`VoiceCloner` mirrors the official `create_voice_clone_prompt`: the clip is loaded mono at its native
-rate, the codec encoder and the speaker encoder each resample it to 24 kHz (librosa soxr_hq), and only
-ICL prompts keep the reference codes and transcript.
+"""The voice library: cloned voices kept on disk, shared by every route (and every replica).
 
 `VoiceLibrary` stores cloned voices in a folder (the app's `voices/`), one sub-folder per voice::
 
@@ -45,62 +41,8 @@ CODEC_RATE = 24000
 SAMPLES_PER_FRAME = 1920      # 12.5 Hz codec frames at 24 kHz
 
 
-# ---------------------------------------------------------------------------------------------------
-# Cloning (Base checkpoints)
-# ---------------------------------------------------------------------------------------------------
-
-
-class VoiceCloner:
-    """Speaker encoder + codec encoder of a Base checkpoint: reference clip -> `VoicePrompt`."""
-
-    def __init__(self, config, device: torch.device):
-        from tts_engine.models.qwen3_tts.codec_encoder import ReferenceAudioEncoder
-        from tts_engine.models.qwen3_tts.config import CheckpointError
-        from tts_engine.models.qwen3_tts.speaker_encoder import SpeakerEncoder
-        from tts_engine.models.qwen3_tts.weights import read_prefixed
-
-        self.config = config
-        self.speaker_encoder = SpeakerEncoder(config.speaker_encoder)
-        try:
-            self.speaker_encoder.load_official_state_dict(read_prefixed(config.path, "speaker_encoder."))
-        except ValueError as exc:
-            raise CheckpointError(f"{config.path / 'model.safetensors'}: speaker encoder: {exc}") from exc
-        self.speaker_encoder.to(device).eval()
-        self.encoder = ReferenceAudioEncoder.from_folder(config.path / "speech_tokenizer", device=device)
-        self._lock = threading.Lock()   # the encoders are not re-entrant under concurrent callers
-
-    def embed(self, wav24: np.ndarray) -> torch.Tensor:
-        """x-vector [H] (CPU float32) of a mono 24 kHz clip."""
-        with self._lock, torch.inference_mode():
-            try:
-                return self.speaker_encoder.embed(wav24).float().cpu()
-            except ValueError as exc:
-                raise RequestError(f"ref_audio: {exc}") from exc
-
-    def encode(self, wav24: np.ndarray) -> torch.Tensor:
-        """Reference codes [T, 16] (CPU int64) of a mono 24 kHz clip."""
-        with self._lock, torch.inference_mode():
-            try:
-                return self.encoder.encode(wav24, CODEC_RATE).cpu()
-            except ValueError as exc:
-                raise RequestError(f"ref_audio: {exc}") from exc
-
-    def create(self, ref_audio, ref_text: str | None, x_vector_only: bool) -> VoicePrompt:
-        try:
-            wav, sr = audio_utils.load_audio(ref_audio)
-            wav24 = audio_utils.resample(wav, sr, CODEC_RATE)
-        except audio_utils.AudioError as exc:
-            raise RequestError(f"ref_audio: {exc}") from exc
-        except TypeError as exc:
-            raise RequestError(f"ref_audio: {exc}") from exc
-        vector = self.embed(wav24)
-        codes = None if x_vector_only else self.encode(wav24)
-        return VoicePrompt(speaker_vector=vector, ref_codes=codes,
-                           ref_text=None if x_vector_only else ref_text, x_vector_only=x_vector_only)
-
-
 class Cloner(Protocol):
-    """What `VoiceLibrary.create` needs from a cloner (`VoiceCloner`, or a fake in tests)."""
+    """What `VoiceLibrary.create` needs from a cloner (`models.qwen3_tts.cloner.VoiceCloner`, or a fake)."""
 
     def embed(self, wav24: np.ndarray) -> torch.Tensor: ...
 
@@ -138,6 +80,12 @@ class VoiceExistsError(VoiceLibraryError):
 
 class VoiceNotFoundError(VoiceLibraryError):
     code, param = "voice_not_found", "voice"
+
+
+class UnknownVoiceError(VoiceLibraryError):
+    """A request field names a voice that does not exist (a 400; `VoiceNotFoundError` is a URL's 404)."""
+
+    code, param = "unknown_voice", "voice"
 
 
 class IncompatibleVoiceError(VoiceLibraryError):
@@ -637,23 +585,6 @@ def _is_stale_tmp(folder: Path) -> bool:
     return False
 
 
-__all__ = [
-    "MAX_NAME_CHARS",
-    "RESERVED_NAMES",
-    "CloningUnsupportedError",
-    "IncompatibleVoiceError",
-    "InvalidVoiceNameError",
-    "ModelSignature",
-    "ReferenceAudioError",
-    "VoiceCloner",
-    "VoiceDamagedError",
-    "VoiceExistsError",
-    "VoiceInfo",
-    "VoiceLibrary",
-    "VoiceLibraryError",
-    "VoiceNotFoundError",
-    "validate_voice_name",
-]
 
 
 def voice_request_fields(config, library: VoiceLibrary, voice: str | None,
@@ -677,7 +608,7 @@ def voice_request_fields(config, library: VoiceLibrary, voice: str | None,
             raise VoiceLibraryError(f"voice {name!r} is a cloned voice; this CustomVoice model speaks only its "
                                     f"preset speakers: {', '.join(speakers)}", code="incompatible_voice",
                                     param="voice")
-        raise VoiceNotFoundError(f"unknown voice {name!r}; available: {', '.join(speakers)}")
+        raise UnknownVoiceError(f"unknown voice {name!r}; available: {', '.join(speakers)}")
     if config.model_type == "voice_design":
         if instructions is None:
             raise VoiceLibraryError("instructions are required for a VoiceDesign model: describe the voice "
@@ -693,4 +624,24 @@ def voice_request_fields(config, library: VoiceLibrary, voice: str | None,
     except VoiceNotFoundError:
         usable = ", ".join(v.name for v in library.list() if v.compatible)
         usable = usable or "none yet (create one with POST /v1/audio/voices)"
-        raise VoiceNotFoundError(f"unknown voice {name!r}; available: {usable}") from None
+        raise UnknownVoiceError(f"unknown voice {name!r}; available: {usable}") from None
+
+
+__all__ = [
+    "MAX_NAME_CHARS",
+    "RESERVED_NAMES",
+    "CloningUnsupportedError",
+    "IncompatibleVoiceError",
+    "InvalidVoiceNameError",
+    "ModelSignature",
+    "ReferenceAudioError",
+    "VoiceDamagedError",
+    "VoiceExistsError",
+    "VoiceInfo",
+    "VoiceLibrary",
+    "VoiceLibraryError",
+    "VoiceNotFoundError",
+    "UnknownVoiceError",
+    "voice_request_fields",
+    "validate_voice_name",
+]

@@ -1,73 +1,26 @@
-"""Streaming output types and the per-request job that wires Stage 0 -> processor -> Stage 1.
+"""The route of one request through the engine: Stage 0 -> stage input processor -> Stage 1.
 
-A `_Job` lives from submission until its last chunk is delivered (or it is aborted). Its callbacks
-run on the stage threads: Stage 0 calls `on_frames`/`on_finish` (the connector is only touched there),
-Stage 1 calls `on_output`. Consumers receive `StreamingChunkOutput`s (or an exception) through
-`deliver`, which the engine binds to a thread queue (synthesize) or an asyncio queue (generate).
+A `Route` lives from submission until its last chunk is delivered (or it is aborted). The three-thread
+contract:
+
+* the **Stage 0 thread** (`tts-stage0`) calls `on_frames` and `on_finish`; the connector and the
+  processor are touched only there, so they need no lock;
+* the **Stage 1 thread** (`tts-stage1`) calls `on_output` with delta PCM;
+* the **caller's thread** (an asyncio loop or a plain thread) only receives: `deliver` hands it each
+  `StreamingChunkOutput` or the exception that ends the stream, and `cancel` (from `TTSEngine.abort`)
+  wakes it with `RequestAborted`. After the first terminal delivery (`closed`), later output is dropped.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 import torch
 
-
-@dataclass
-class RequestMetrics:
-    """Timings of one request, seconds since submission."""
-
-    request_id: str
-    submitted_at: float                     # time.perf_counter() at submission
-    first_frame_s: float | None = None
-    first_chunk_s: float | None = None      # first delta PCM ready (server side)
-    finished_s: float | None = None
-    frame_times_s: list[float] = field(default_factory=list)
-    frames: int = 0
-    audio_samples: int = 0
-    sample_rate: int = 24000
-
-    @property
-    def audio_seconds(self) -> float:
-        return self.audio_samples / self.sample_rate
-
-    @property
-    def real_time_factor(self) -> float | None:
-        """Wall time per second of audio (< 1 is faster than real time)."""
-        if self.finished_s is None or self.audio_samples == 0:
-            return None
-        return self.finished_s / self.audio_seconds
-
-    @property
-    def per_frame_s(self) -> list[float]:
-        """Time between consecutive frames (the first entry is time to the first frame)."""
-        times = self.frame_times_s
-        return [t - (times[i - 1] if i else 0.0) for i, t in enumerate(times)]
-
-
-@dataclass
-class StreamingChunkOutput:
-    """One delta of a request's audio: only the samples produced since the previous chunk."""
-
-    request_id: str
-    chunk_idx: int
-    is_finished: bool
-    total_generated: int                    # samples delivered so far, this chunk included
-    audio: np.ndarray                       # float32 mono delta
-    sample_rate: int = 24000
-    codec_codes: np.ndarray | None = None   # int64 [frames, 16] of this chunk
-    metrics: RequestMetrics | None = None   # set on the final chunk
-
-
-class StreamFailed(RuntimeError):
-    """A request failed inside a stage (the message says where)."""
-
-
-class RequestAborted(StreamFailed):
-    """The request was aborted (by the caller, or because its consumer went away)."""
+from tts_engine.processors.qwen3_tts import ChunkConnector, CodecChunk
+from tts_engine.request import RequestAborted, RequestMetrics, StreamFailed, StreamingChunkOutput
 
 
 class _StageRequest:
@@ -81,9 +34,9 @@ class _StageRequest:
         return self.finished
 
 
-class Job:
-    def __init__(self, request_id: str, processor, connector, pipeline, deliver: Callable,
-                 on_done: Callable[[str], None], stage1_device: torch.device):
+class Route:
+    def __init__(self, request_id: str, processor: Callable, connector: ChunkConnector, pipeline,
+                 deliver: Callable, on_done: Callable[[str], None], stage1_device: torch.device):
         self.request_id = request_id
         self.stage_request = _StageRequest(request_id)
         self.processor = processor
@@ -100,12 +53,11 @@ class Job:
     def _elapsed(self) -> float:
         return time.perf_counter() - self.metrics.submitted_at
 
-    def _forward(self, chunk: dict | None) -> None:
+    def _forward(self, chunk: CodecChunk | None) -> None:
         if chunk is None:
             return
-        new = chunk["codes"][chunk["left_context_size"]:]
-        self.chunk_codes[chunk["chunk_idx"]] = new
-        chunk["codes"] = chunk["codes"].to(self.stage1_device, non_blocking=True)
+        self.chunk_codes[chunk.chunk_idx] = chunk.new_codes
+        chunk.codes = chunk.codes.to(self.stage1_device, non_blocking=True)
         self.pipeline.put(chunk)
 
     # Stage 0 thread ------------------------------------------------------------------------------
@@ -118,11 +70,11 @@ class Job:
         if self.metrics.first_frame_s is None:
             self.metrics.first_frame_s = now
 
-    def on_finish(self, error: str | None) -> None:
+    def on_finish(self, error: Exception | None) -> None:
         if error is not None:
             self.connector.free(self.request_id)
             self.pipeline.abort(self.request_id)
-            self._fail(StreamFailed(error))
+            self._fail(error)
             return
         self.stage_request.finished = True
         chunk = self.processor(self.connector, None, self.stage_request)

@@ -1,11 +1,11 @@
 """Benchmark: time to first audio, per-frame latency, real-time factor, throughput and playback
 underruns against concurrency, for our engine (and, on CPU, the official `qwen_tts` side by side).
 
-    python -m tts_engine.bench --demo tiny --concurrency 1,4 --frames 40            # CPU smoke run
-    python -m tts_engine.bench --demo 0.6b --concurrency 1 --frames 8 --reference   # CPU, vs official
-    python -m tts_engine.bench --demo 1.7b --concurrency 1,4,16,64 --frames 100     # GPU
-    python -m tts_engine.bench --model Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice --speaker ryan
-    python -m tts_engine.bench --webrtc http://127.0.0.1:7860 --voice sample        # a running app
+    python -m tts_engine.tools.bench --demo tiny --concurrency 1,4 --frames 40            # CPU smoke run
+    python -m tts_engine.tools.bench --demo 0.6b --concurrency 1 --frames 8 --reference   # CPU, vs official
+    python -m tts_engine.tools.bench --demo 1.7b --concurrency 1,4,16,64 --frames 100     # GPU
+    python -m tts_engine.tools.bench --model Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice --speaker ryan
+    python -m tts_engine.tools.bench --webrtc http://127.0.0.1:7860 --voice sample        # a running app
 
 What is measured, per request (times from the moment the request is handed to the engine):
   * first chunk: the first delta PCM chunk reaches the caller (server side, in process; `engine`
@@ -45,11 +45,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-log = logging.getLogger("tts_engine.bench")
+log = logging.getLogger("tts_engine.tools.bench")
 SAMPLE_RATE = 24000
 FRAME_S = 0.08
 AUDIBLE_DBFS = -45.0
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog, and then it runs back into the forest.",
@@ -271,6 +271,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
+_SCHEDULE_FIELDS = {"initial_chunk_size": "initial", "chunk_size": "size", "chunk_growth": "growth"}
+
+
 def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
     """Switch engine knobs at run time; returns the previous values (to restore)."""
     previous: dict[str, Any] = {}
@@ -294,8 +297,8 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
             elif value and getattr(predictor, "_fused_graphs", None) is not None:
                 predictor.graphs = predictor._fused_graphs
         elif key == "host_syncs":
-            previous[key] = engine.talker.debug_host_syncs
-            engine.talker.debug_host_syncs = value
+            previous[key] = "decode_embeddings" in vars(engine.talker)
+            _host_syncs(engine.talker, value)
         elif key == "decoder_graphs":
             previous[key] = getattr(engine.decoder, "use_graphs", False)
             engine.decoder.use_graphs = value
@@ -309,12 +312,33 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
             previous[key] = torch.backends.cuda.matmul.allow_tf32
             torch.backends.cuda.matmul.allow_tf32 = value
             torch.backends.cudnn.allow_tf32 = value
-        elif key in ("initial_chunk_size", "chunk_growth", "chunk_size"):
-            previous[key] = getattr(engine.connector, key)
-            setattr(engine.connector, key, value)
+        elif key in _SCHEDULE_FIELDS:
+            schedule = engine.connector.schedule
+            name = _SCHEDULE_FIELDS[key]
+            previous[key] = getattr(schedule, name)
+            engine.connector.schedule = dataclasses.replace(schedule, **{name: value})
         else:
             raise ValueError(f"unknown variant setting {key!r}")
     return previous
+
+
+def _host_syncs(talker, on: bool) -> None:
+    """Re-create the blocking uploads the step hooks once did (5 before the decode hook: hidden states and
+    four sampling tensors; 2 before the logits hook), by wrapping the hooks of this TalkerStage
+    instance; off restores the class's own hooks. Keeps the debug switch out of the engine's hot path."""
+    import torch
+
+    for name, syncs in (("decode_embeddings", 5), ("process_logits", 2)):
+        vars(talker).pop(name, None)
+        if not on or talker.device.type != "cuda":
+            continue
+        hook = getattr(type(talker), name).__get__(talker)
+
+        def synced(*args, _hook=hook, _syncs=syncs):
+            for _ in range(_syncs):
+                torch.cuda.synchronize(talker.device)
+            return _hook(*args)
+        setattr(talker, name, synced)
 
 
 def component_timings(engine, max_batch: int) -> list[dict]:
@@ -386,7 +410,7 @@ def resolve_checkpoint(args) -> Path:
     if args.model:
         from tts_engine.hub import resolve_model
         return Path(resolve_model(args.model))
-    from tts_engine.demo_checkpoint import build_demo_checkpoint
+    from tts_engine.tools.demo_checkpoint import build_demo_checkpoint
     root = Path(args.demo_dir or tempfile.gettempdir()) / f"tts_bench_{args.demo}_{args.demo_type}"
     if (root / "config.json").exists() and not args.rebuild:
         return root
@@ -557,7 +581,7 @@ async def bench_webrtc(args, report: Callable[[dict], None]) -> list[dict]:
     20 ms frame whose RMS >= -45 dBFS, measured from just before the say request."""
     import httpx
 
-    from tts_engine.webrtc_client import AgentSession
+    from tts_engine.tools.webrtc_client import AgentSession
 
     threshold = 32768 * 10 ** (AUDIBLE_DBFS / 20)        # int16 RMS
     rows = []
@@ -608,7 +632,7 @@ async def bench_webrtc(args, report: Callable[[dict], None]) -> list[dict]:
 
 # ---- command line ---------------------------------------------------------------------------------
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m tts_engine.bench", description=__doc__.split("\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m tts_engine.tools.bench", description=__doc__.split("\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     src = ap.add_argument_group("model")
     src.add_argument("--model", help="checkpoint folder or Hub id")

@@ -1,0 +1,26 @@
+"""Limits of the serving layer: one dataclass, one default per setting.
+
+`app.py`'s command line takes its defaults from here; the routes read the settings on every request,
+so a test (or an operator's hook) can change them while serving.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class ServingSettings:
+    max_input_chars: int = 5000               # longer text -> 400 input_too_long (HTTP, UI, realtime)
+    max_concurrent: int = 8                   # HTTP synthesis + cloning requests at once; more -> 503
+    max_sessions: int = 8                     # WebRTC sessions at once (agents + UI); more -> 503
+    session_time_limit_s: int = 900           # how long a WebRTC connection may stay open
+    max_upload_bytes: int = 20 * 1024 * 1024  # reference clip upload; larger -> 413
+    max_new_tokens: int | None = None         # default frame cap per request (12.5 frames = 1 s); None: stage config
+    max_request_new_tokens: int = 8192        # largest `max_new_tokens` a request may ask for
+    preroll_s: float = 0.0                    # audio held back before WebRTC playback starts (slow machines)
+
+    @property
+    def max_body_bytes(self) -> int:
+        """Largest request body any route reads (an upload plus its form fields)."""
+        return self.max_upload_bytes + 1024 * 1024
