@@ -12,6 +12,7 @@ Wiring only: args -> engine -> voice library -> serving routes (tts_engine/servi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import tempfile
@@ -38,6 +39,7 @@ class UiOptions:
     demo: bool = False             # label the UI: random weights, the sound is not speech
     rtc: tuple[Any, Any] = ({"iceServers": []}, {"iceServers": []})   # (browser, server) WebRTC configs
     rtc_warning: str | None = None
+    downloads: Path | None = None  # where the last utterance of each UI session is offered as WAV
 
 
 # ---- configuration ------------------------------------------------------------------------------
@@ -57,6 +59,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--preroll-ms", type=int, default=None,
                         help="audio to buffer before playback starts; default 0 on GPU, 800 on CPU, where "
                              "frames come too slowly for the growing chunk schedule to stay ahead of playback")
+    parser.add_argument("--drain-s", type=float, default=defaults.drain_s,
+                        help="on SIGTERM, how long running streams may take to finish before the app exits")
     parser.add_argument("--demo", action="store_true",
                         help="build and serve a tiny random model (offline; the sound is not speech)")
     parser.add_argument("--demo-type", default="base", choices=["base", "custom_voice", "voice_design"])
@@ -166,7 +170,7 @@ def speak_tab(engine, library, settings: ServingSettings, options: UiOptions, se
 
     config, kind = engine.config, engine.config.model_type
     active: dict[str, str] = {}          # UI session -> running request id (for Stop)
-    downloads = Path(tempfile.mkdtemp(prefix="tts_utterances_"))
+    downloads = options.downloads or Path(tempfile.mkdtemp(prefix="tts_utterances_"))
 
     def request_for(text, voice, language, instructions, temperature, top_k, top_p, penalty, seed, max_s):
         text = text or ""
@@ -403,7 +407,7 @@ def build_ui(engine, library, settings: ServingSettings, options: UiOptions):
 
 
 # ---- the app --------------------------------------------------------------------------------------
-def build_app(engine, library, settings: ServingSettings, demo: bool = False):
+def build_app(engine, library, settings: ServingSettings, lifecycle=None, options: UiOptions | None = None):
     import gradio as gr
     from fastapi import Request
     from fastrtc import Stream
@@ -415,7 +419,7 @@ def build_app(engine, library, settings: ServingSettings, demo: bool = False):
     stream = Stream(make_agent_handler_class()(engine, settings.preroll_s), mode="send-receive", modality="audio",
                     concurrency_limit=settings.max_sessions, time_limit=settings.session_time_limit_s,
                     rtc_configuration=rtc_client, server_rtc_configuration=rtc_server)
-    app = build_api(engine, library, settings, sessions=FastrtcSessions(stream))
+    app = build_api(engine, library, settings, sessions=FastrtcSessions(stream), lifecycle=lifecycle)
     app.state.stream = stream
 
     @app.middleware("http")
@@ -427,25 +431,68 @@ def build_app(engine, library, settings: ServingSettings, demo: bool = False):
         return await call_next(request)
 
     stream.mount(app)
-    ui = build_ui(engine, library, settings, UiOptions(demo=demo, rtc=(rtc_client, rtc_server),
-                                                       rtc_warning=rtc_warning))
+    options = dataclasses.replace(options or UiOptions(), rtc=(rtc_client, rtc_server), rtc_warning=rtc_warning)
+    ui = build_ui(engine, library, settings, options)
     ui.queue(default_concurrency_limit=settings.max_concurrent)
     return gr.mount_gradio_app(app, ui, path="/")
+
+
+def serve(app, engine, lifecycle, host: str, port: int, drain_s: float) -> None:
+    """uvicorn, warm-up in the background (`/readyz` turns 200 when done), graceful stop on SIGTERM/SIGINT:
+    new work gets 503 at once, running streams get up to `drain_s` to finish, then the server exits and
+    the caller closes the engine (a second signal exits at once)."""
+    import threading
+
+    import uvicorn
+
+    from tts_engine.serving.lifecycle import DRAINING, READY, STARTING, STOPPED
+
+    class GracefulServer(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            if lifecycle.state in (DRAINING, STOPPED):
+                self.force_exit = self.should_exit = True
+                return
+            log.info("signal %s: draining (at most %.0f s for %d running requests)", sig, drain_s,
+                     engine.active_request_count)
+
+            def drain() -> None:
+                left = lifecycle.drain(lambda: engine.active_request_count, drain_s)
+                if left:
+                    log.warning("stopping with %d requests still running (drain deadline %.0f s)", left, drain_s)
+                self.should_exit = True
+            threading.Thread(target=drain, name="drain", daemon=True).start()
+            # not recorded in _captured_signals: uvicorn would re-raise it after shutdown and kill the
+            # process before engine.close() and the clean-up of temporary folders ran
+
+    def warm() -> None:
+        try:
+            seconds = engine.warmup()
+            log.info("ready (warm-up %.1f s)", seconds)
+            if lifecycle.state == STARTING:
+                lifecycle.set(READY)
+        except Exception:  # noqa: BLE001 -- /healthz and /readyz tell; the server stays up to say so
+            log.exception("warm-up failed")
+
+    server = GracefulServer(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                           timeout_graceful_shutdown=5))
+    threading.Thread(target=warm, name="warm-up", daemon=True).start()
+    log.info("serving on http://%s:%d (UI at /, API docs at /docs; /readyz once warm)", host, port)
+    server.run()
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    import uvicorn
-
     from tts_engine import TTSEngine
+    from tts_engine.serving.lifecycle import Lifecycle
     from tts_engine.serving.voice_library import VoiceLibrary
 
     model, config = args.model, args.config
     if args.demo:
         from tts_engine.tools.demo_checkpoint import build_demo_checkpoint
         size = "1b7" if args.demo_type == "voice_design" else "0b6"
-        model = build_demo_checkpoint(Path(tempfile.mkdtemp(prefix="tts_demo_")) / args.demo_type,
+        # one folder per kind, rebuilt in place (byte-identical, under a second): starts never pile up copies
+        model = build_demo_checkpoint(Path(tempfile.gettempdir()) / "tts_demo" / f"{args.demo_type}-{size}",
                                       args.demo_type, size)
         log.info("demo model (random weights) at %s", model)
         # Random weights rarely emit EOS: the tiny config caps utterances at 256 frames (20 s).
@@ -455,17 +502,18 @@ def main(argv: list[str] | None = None) -> None:
         model = (load_stage_config(config).model if config else None) or DEFAULT_MODEL
     engine = TTSEngine.from_pretrained(model, stage_config=config)
     try:
-        engine.warmup()
-        library = VoiceLibrary(Path(args.voices), engine.config)
-        ensure_sample_voice(engine, library)
-        preroll_ms = args.preroll_ms if args.preroll_ms is not None else (0 if engine.device.type == "cuda" else 800)
-        settings = ServingSettings(max_input_chars=args.max_input_chars, max_sessions=args.max_sessions,
-                                   preroll_s=preroll_ms / 1000)
-        app = build_app(engine, library, settings, demo=args.demo)
-        log.info("serving on http://%s:%d (UI at /, API docs at /docs)", args.host, args.port)
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+        with tempfile.TemporaryDirectory(prefix="tts_utterances_") as downloads:
+            library = VoiceLibrary(Path(args.voices), engine.config)
+            ensure_sample_voice(engine, library)
+            preroll_ms = args.preroll_ms if args.preroll_ms is not None else (0 if engine.device.type == "cuda" else 800)
+            settings = ServingSettings(max_input_chars=args.max_input_chars, max_sessions=args.max_sessions,
+                                       preroll_s=preroll_ms / 1000, drain_s=args.drain_s)
+            lifecycle = Lifecycle()
+            app = build_app(engine, library, settings, lifecycle, UiOptions(demo=args.demo, downloads=Path(downloads)))
+            serve(app, engine, lifecycle, args.host, args.port, settings.drain_s)
     finally:
         engine.close()
+        log.info("stopped")
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ def live_app(tmp_path_factory):
             if time.monotonic() > deadline:
                 pytest.fail("app did not come up in 480 s:\n" + log_path.read_text()[-4000:])
             try:
-                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
+                if httpx.get(url + "/readyz", timeout=2).status_code == 200:   # warmed up
                     break
             except httpx.HTTPError:
                 pass

@@ -33,6 +33,7 @@ from tts_engine.request import (
     PromptTooLong,
     RequestError,
     SpeechRequest,
+    StreamFailed,
     StreamingChunkOutput,
     SynthesisResult,
     VoicePrompt,
@@ -80,15 +81,15 @@ class TTSEngine:
         self.decoder = Code2WavDecoder.from_folder(config.path / "speech_tokenizer", device=self.decoder_device,
                                                    dtype=torch.float32)
         self.cloner = VoiceCloner(config, self.device) if config.model_type == "base" else None
+        self._routes: dict[str, Route] = {}
+        self._routes_lock = threading.Lock()
+        self._closed = False
         self.connector = ChunkConnector(schedule=d.schedule, left_context_size=d.left_context_size)
         self.pipeline = AsyncDecodingPipeline(
             self.decoder, self.decoder_device, mode=d.decode_mode, max_batch_size=d.max_batch_size,
             left_context_size=d.left_context_size, graph_frame_counts=d.schedule.sizes(),
-            graph_batch_sizes=d.graph_batch_sizes())
-        self.talker = TalkerStage(self.talker_engine, config, self.device)
-        self._routes: dict[str, Route] = {}
-        self._routes_lock = threading.Lock()
-        self._closed = False
+            graph_batch_sizes=d.graph_batch_sizes(), on_death=self._stage_died)
+        self.talker = TalkerStage(self.talker_engine, config, self.device, on_death=self._stage_died)
 
     # ---- construction ----------------------------------------------------------------------------
     @classmethod
@@ -145,6 +146,8 @@ class TTSEngine:
         """Validate, build the prompt and start both stages; outputs go to `deliver` (any thread)."""
         if self._closed:
             raise EngineClosed("the engine is closed")
+        if not self.healthy:
+            raise EngineClosed(f"the engine stopped working ({self.health()['error']}); it must be restarted")
         prompt_inputs, voice = self._prompt_inputs(request)
         prompt = self.prompts.build(prompt_inputs)
         positions, limit = prompt.prefill.shape[0], self.talker_engine.max_model_len
@@ -205,6 +208,28 @@ class TTSEngine:
         """Wait until both stage threads have handled every command sent before this call."""
         self.talker.barrier(timeout)
         self.pipeline.barrier(timeout)
+
+    @property
+    def active_request_count(self) -> int:
+        """Requests submitted and not yet finished, failed or aborted (every route: HTTP, UI, agents)."""
+        return len(self._routes)
+
+    @property
+    def healthy(self) -> bool:
+        return not self._closed and self.talker.alive and self.pipeline.alive
+
+    def health(self) -> dict:
+        """Liveness of each stage thread (a stage whose thread died never comes back: restart the engine)."""
+        died = self.talker._thread.died or self.pipeline._thread.died
+        return {"healthy": self.healthy, "closed": self._closed, "stage0": self.talker.alive,
+                "stage1": self.pipeline.alive, "error": None if died is None else f"{type(died).__name__}: {died}"}
+
+    def _stage_died(self, exc: BaseException) -> None:
+        """A stage thread stopped: every request in flight fails now instead of waiting forever."""
+        with self._routes_lock:
+            routes, self._routes = list(self._routes.values()), {}
+        for route in routes:
+            route.fail(StreamFailed(f"the engine stopped working ({type(exc).__name__}: {exc})"))
 
     def debug_state(self) -> dict[str, set[str]]:
         """Per-request state still held by each part of the engine (for tests and diagnostics)."""

@@ -6,10 +6,12 @@ Gradio UI to it. No Gradio or fastrtc here.
 
 from __future__ import annotations
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from tts_engine.serving.api import speech_router, voices_router
-from tts_engine.serving.errors import Slots, install_error_handlers
+from tts_engine.serving.errors import ApiError, Slots, install_error_handlers
+from tts_engine.serving.lifecycle import READY, Lifecycle
 from tts_engine.serving.realtime import SessionLookup, realtime_router
 from tts_engine.serving.settings import ServingSettings
 from tts_engine.serving.voice_library import VoiceLibrary
@@ -20,23 +22,45 @@ class _NoSessions:
         return None
 
 
+# New work (refused with 503 unless the lifecycle is ready); requests on running sessions go on.
+NEW_WORK = {("POST", "/v1/audio/speech"), ("POST", "/v1/audio/voices"), ("POST", "/webrtc/offer")}
+
+
 def build_api(engine, library: VoiceLibrary, settings: ServingSettings | None = None,
-              sessions: SessionLookup | None = None) -> FastAPI:
-    """The HTTP API (speech, voices), the realtime agent routes over `sessions` and `/healthz`."""
+              sessions: SessionLookup | None = None, lifecycle: Lifecycle | None = None) -> FastAPI:
+    """The HTTP API (speech, voices), the realtime agent routes over `sessions`, `/healthz` (liveness:
+    the engine's stage threads) and `/readyz` (readiness: warmed up and not shutting down)."""
     settings = settings or ServingSettings()
+    lifecycle = lifecycle or Lifecycle(READY)
     app = FastAPI(title="Qwen3-TTS real-time voice", version="1.0",
                   description="Streaming text-to-speech with voice cloning: OpenAI-compatible HTTP API, "
                               "WebRTC voice-agent API and a browser UI at `/`.")
     install_error_handlers(app)
     slots = Slots(settings)
-    app.state.slots, app.state.settings = slots, settings
+    app.state.slots, app.state.settings, app.state.lifecycle = slots, settings, lifecycle
+
+    @app.middleware("http")
+    async def admission(request: Request, call_next):
+        if (request.method, request.url.path) in NEW_WORK and not lifecycle.ready:
+            return ApiError("engine_unavailable", lifecycle.why_not_ready()).response()
+        return await call_next(request)
     app.include_router(speech_router(engine, library, settings, slots))
     app.include_router(voices_router(engine, library, settings, slots))
     app.include_router(realtime_router(engine, library, settings, sessions or _NoSessions()))
 
-    @app.get("/healthz", tags=["meta"])
-    async def health() -> dict:
-        config = engine.config
-        return {"status": "ok", "model_type": config.model_type, "model_size": config.model_size}
+    @app.get("/healthz", tags=["meta"], summary="Liveness: 503 when a stage thread of the engine stopped")
+    async def health() -> JSONResponse:
+        config, state = engine.config, engine.health()
+        body = {"status": "ok" if state["healthy"] else "unhealthy", "model_type": config.model_type,
+                "model_size": config.model_size, **state}
+        return JSONResponse(body, status_code=200 if state["healthy"] else 503)
+
+    @app.get("/readyz", tags=["meta"], summary="Readiness: 200 once warmed up, 503 while starting or stopping")
+    async def ready() -> JSONResponse:
+        if lifecycle.ready and engine.healthy:
+            return JSONResponse({"status": "ready"})
+        message = lifecycle.why_not_ready() if not lifecycle.ready else "the engine stopped working"
+        return JSONResponse({"status": lifecycle.state, "message": message}, status_code=503,
+                            headers={"Retry-After": "2"})
 
     return app

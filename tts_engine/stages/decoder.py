@@ -31,6 +31,7 @@ import torch
 
 from tts_engine.models.qwen3_tts.codec_decoder import Code2WavDecoder, DecoderStreamState
 from tts_engine.processors.qwen3_tts import CodecChunk
+from tts_engine.stages.owner_thread import OwnerThread
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,8 @@ class _Stream:
 class AsyncDecodingPipeline:
     def __init__(self, decoder: Code2WavDecoder, device: torch.device, mode: str = "exact",
                  max_batch_size: int = 16, left_context_size: int = 25,
-                 graph_frame_counts: list[int] | None = None, graph_batch_sizes: list[int] | None = None):
+                 graph_frame_counts: list[int] | None = None, graph_batch_sizes: list[int] | None = None,
+                 on_death: Callable[[BaseException], None] | None = None):
         if mode not in ("exact", "context"):
             raise ValueError(f"decode mode must be 'exact' or 'context', got {mode!r}")
         self.decoder = decoder
@@ -64,8 +66,7 @@ class AsyncDecodingPipeline:
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         if self._stream is not None and mode == "exact" and graph_frame_counts:
             decoder.enable_cuda_graphs(graph_frame_counts, graph_batch_sizes or [1])
-        self._thread = threading.Thread(target=self._run, name="tts-stage1", daemon=True)
-        self._thread.start()
+        self._thread = OwnerThread("tts-stage1", self._run, on_death)
 
     # ---- commands (any thread) -------------------------------------------------------------------
     def open(self, request_id: str, on_output: OutputCallback, context_codes: torch.Tensor | None = None) -> None:
@@ -96,6 +97,10 @@ class AsyncDecodingPipeline:
     @property
     def active_request_ids(self) -> set[str]:
         return set(self._streams)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.alive
 
     # ---- decoder thread --------------------------------------------------------------------------
     def _run(self) -> None:
@@ -154,19 +159,28 @@ class AsyncDecodingPipeline:
         for frames, items in sorted(groups.items()):    # small (first) chunks first: time to first audio
             for start in range(0, len(items), self.max_batch_size):
                 batch = items[start:start + self.max_batch_size]
-                try:
-                    audio = self._decode(batch, frames)
-                except Exception as exc:
-                    log.exception("decode failed")
-                    for rid, stream, chunk in batch:
-                        self._streams.pop(rid, None)
-                        stream.on_output(rid, chunk.chunk_idx, np.zeros(0, np.float32), True,
-                                         f"decoder failed: {exc}")
-                    continue
-                for (rid, stream, chunk), wav in zip(batch, audio):
-                    if chunk.finished:
-                        self._streams.pop(rid, None)
-                    stream.on_output(rid, chunk.chunk_idx, wav, chunk.finished, None)
+                self._decode_batch(batch, frames)
+
+    def _decode_batch(self, batch: list, frames: int) -> None:
+        """Decode and deliver; a failing batch is retried one stream at a time, so a bad request fails
+        alone and the others go on (the streams' states are only replaced after a successful step)."""
+        try:
+            audio = self._decode(batch, frames)
+        except Exception as exc:
+            if len(batch) > 1:
+                log.warning("batched decode of %d streams failed (%s); decoding them one by one", len(batch), exc)
+                for item in batch:
+                    self._decode_batch([item], frames)
+                return
+            log.exception("decode failed")
+            rid, stream, chunk = batch[0]
+            self._streams.pop(rid, None)
+            stream.on_output(rid, chunk.chunk_idx, np.zeros(0, np.float32), True, f"decoder failed: {exc}")
+            return
+        for (rid, stream, chunk), wav in zip(batch, audio):
+            if chunk.finished:
+                self._streams.pop(rid, None)
+            stream.on_output(rid, chunk.chunk_idx, wav, chunk.finished, None)
 
     def _decode(self, batch: list, frames: int) -> list[np.ndarray]:
         if frames == 0:

@@ -74,7 +74,7 @@ class Route:
         if error is not None:
             self.connector.free(self.request_id)
             self.pipeline.abort(self.request_id)
-            self._fail(error)
+            self.fail(error)
             return
         self.stage_request.finished = True
         chunk = self.processor(self.connector, None, self.stage_request)
@@ -87,7 +87,7 @@ class Route:
         if self.closed:
             return
         if error is not None:
-            self._fail(StreamFailed(error))
+            self.fail(StreamFailed(error))
             return
         now = self._elapsed()
         if self.metrics.first_chunk_s is None:
@@ -108,9 +108,10 @@ class Route:
 
     def cancel(self) -> None:
         """Called by `TTSEngine.abort`: wake a consumer still waiting, then ignore all later output."""
-        self._fail(RequestAborted(f"request {self.request_id} was aborted"))
+        self.fail(RequestAborted(f"request {self.request_id} was aborted"))
 
-    def _fail(self, exc: Exception) -> None:
+    def fail(self, exc: Exception) -> None:
+        """End the stream with `exc` (once; later output is dropped)."""
         if self.closed:
             return
         self.closed = True

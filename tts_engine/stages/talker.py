@@ -27,6 +27,7 @@ from tts_engine.models.qwen3_tts.config import Qwen3TTSConfig
 from tts_engine.models.qwen3_tts.prompt import TalkerPrompt
 from tts_engine.models.qwen3_tts.sampling import BatchSampling, RowSampling, to_device
 from tts_engine.request import PromptTooLong, RequestAborted, StreamFailed
+from tts_engine.stages.owner_thread import OwnerThread
 from tts_engine.stages.vllm_bridge import PreemptedRequest, TalkerEngine
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,8 @@ class _RequestState:
 class TalkerStage:
     """Owns the vLLM talker engine and its stepping thread."""
 
-    def __init__(self, engine: TalkerEngine, config: Qwen3TTSConfig, device: torch.device):
+    def __init__(self, engine: TalkerEngine, config: Qwen3TTSConfig, device: torch.device,
+                 on_death: Callable[[BaseException], None] | None = None):
         self.engine = engine
         self.config = config
         self.device = device
@@ -91,8 +93,7 @@ class TalkerStage:
             # One graph per batch bucket up to the engine's batch limit, captured before serving.
             self.model.code_predictor.enable_cuda_graphs(engine.max_num_seqs)
         engine.attach(self)
-        self._thread = threading.Thread(target=self._run, name="tts-stage0", daemon=True)
-        self._thread.start()
+        self._thread = OwnerThread("tts-stage0", self._run, on_death)
 
     # ---- commands (any thread) -------------------------------------------------------------------
     def submit(self, request_id: str, prompt: TalkerPrompt, sampling: TalkerSampling,
@@ -118,6 +119,10 @@ class TalkerStage:
     @property
     def active_request_ids(self) -> list[str]:
         return list(self._by_id)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.alive
 
     # ---- stepping thread -------------------------------------------------------------------------
     def _run(self) -> None:
