@@ -412,7 +412,7 @@ def build_app(engine, library, settings: ServingSettings, lifecycle=None, option
     from fastapi import Request
     from fastrtc import Stream
 
-    from tts_engine.serving.errors import ApiError
+    from tts_engine.serving.errors import ApiError, OneShapeMiddleware
     from tts_engine.serving.server import build_api
 
     rtc_client, rtc_server, rtc_warning = rtc_configuration()
@@ -434,7 +434,9 @@ def build_app(engine, library, settings: ServingSettings, lifecycle=None, option
     options = dataclasses.replace(options or UiOptions(), rtc=(rtc_client, rtc_server), rtc_warning=rtc_warning)
     ui = build_ui(engine, library, settings, options)
     ui.queue(default_concurrency_limit=settings.max_concurrent)
-    return gr.mount_gradio_app(app, ui, path="/")
+    app = gr.mount_gradio_app(app, ui, path="/")
+    app.add_middleware(OneShapeMiddleware)   # the UI's own 404s for unknown paths, in the one error shape
+    return app
 
 
 def serve(app, engine, lifecycle, host: str, port: int, drain_s: float) -> None:

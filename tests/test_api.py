@@ -219,17 +219,28 @@ def test_sse_deltas_decode_and_concatenate(client, alice):
     assert 0 < m["first_chunk_s"] <= m["finished_s"] and m["frames"] == done["usage"]["output_tokens"]
 
 
-def test_closing_a_stream_aborts_the_engine_request(server, client, alice, aborts):
-    with client.stream("POST", SPEECH, json={"input": "This one is cut short by the client. " * 3, "voice": "alice",
-                                             "response_format": "pcm", "stream": True, "max_new_tokens": 250}) as r:
-        assert r.status_code == 200
-        rid = r.headers["x-request-id"]
-        next(r.iter_raw())
-    # Leaving the block closes the connection mid-body; the server must abort the request.
-    deadline = time.monotonic() + 60
-    while rid not in aborts:
+@pytest.mark.parametrize("stream", [{"response_format": "pcm", "stream": True}, {"stream_format": "sse"}],
+                         ids=["pcm", "sse"])
+def test_closing_a_stream_aborts_the_engine_request(server, alice, aborts, stream, capsys):
+    body = {"input": "This one is cut short by the client. " * 3, "voice": "alice", "max_new_tokens": 250, **stream}
+    with httpx.Client(base_url=server.url, timeout=180) as own:    # its own connection, closed below
+        with own.stream("POST", SPEECH, json=body) as r:
+            assert r.status_code == 200
+            rid = r.headers["x-request-id"]
+            next(r.iter_raw())
+        own.close()
+        closed = time.monotonic()
+    # The connection is gone mid-body; the server must abort the request in both stages (issue: within 1 s).
+    deadline = closed + 60
+    while rid not in aborts or rid in set().union(*server.engine.debug_state().values()):
         assert time.monotonic() < deadline, "the engine request was not aborted"
-        time.sleep(0.05)   # waiting for the server to notice the disconnect
+        time.sleep(0.01)   # waiting for the server to notice the disconnect
+    server.engine.drain()
+    elapsed = time.monotonic() - closed
+    with capsys.disabled():
+        print(f"\n[disconnect {r.headers['content-type'].split(';')[0]}] aborted in both stages {elapsed * 1000:.0f} ms "
+              "after the client closed")
+    assert elapsed <= 1.0, f"abort took {elapsed:.2f} s"
     _wait_idle(server)
 
 
@@ -471,3 +482,33 @@ def test_openapi_documents_the_routes(client):
     create = paths[VOICES]["post"]
     assert {"201", "409", "413"} <= set(create["responses"])
     assert "multipart/form-data" in create["requestBody"]["content"]
+
+
+def test_a_slow_reader_is_bounded_and_told_why_while_others_stream_on(server, client, alice, aborts):
+    """A client that stops reading: what waits for it is bounded (max_buffered_s); past the bound its request
+    ends with an error event that says why, and a concurrent stream is served in full meanwhile."""
+    server.settings.max_buffered_s = 1.0
+    payload = json.dumps({"input": "Nobody reads this quickly. " * 4, "voice": "alice", "max_new_tokens": 250,
+                          "stream_format": "sse"}).encode()
+    try:
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)   # a reader that takes almost nothing
+            sock.connect(("127.0.0.1", server.port))
+            sock.sendall(b"POST /v1/audio/speech HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+            other = client.post(SPEECH, json={"input": "I read at once.", "voice": "alice", "response_format": "pcm",
+                                              "stream": True, "max_new_tokens": 40})
+            assert other.status_code == 200 and len(other.content) > 0 and len(other.content) % 3840 == 0
+            deadline = time.monotonic() + 120
+            while not aborts:
+                assert time.monotonic() < deadline, "the slow reader's request was never stopped"
+                time.sleep(0.05)   # waiting for the buffer bound to be crossed
+            sock.settimeout(30)
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+    finally:
+        server.settings.max_buffered_s = ServingSettings().max_buffered_s
+    assert b'"code":"client_too_slow"' in data and b"slower than real time" in data, data[-400:]
+    assert b"speech.audio.done" not in data
+    _wait_idle(server)

@@ -84,6 +84,32 @@ def test_say_streams_gapless_audio_and_interrupt_stops_it(live_app, capsys):
     asyncio.run(scenario())
 
 
+def test_a_peer_that_hangs_up_mid_utterance_has_its_request_aborted(live_app, capsys):
+    async def scenario():
+        async with httpx.AsyncClient(timeout=30) as client:
+            session = AgentSession(live_app)
+            await session.open(client)
+            t0 = time.perf_counter()
+            r = await client.post(live_app + "/v1/realtime/say", json={
+                "webrtc_id": session.webrtc_id, "text": "A long sentence nobody will hear to its end. " * 3,
+                "voice": "sample"})
+            assert r.status_code == 200, r.text
+            await _wait_first_audio(session, t0)
+            busy = (await client.get(live_app + "/healthz")).json()["active_requests"]
+            assert busy, "nothing was being synthesized when the peer left: the test would prove nothing"
+            await session.close()                       # the peer goes away mid-utterance
+            closed = time.perf_counter()
+            while (await client.get(live_app + "/healthz")).json()["active_requests"]:
+                assert time.perf_counter() - closed < 30, "the engine request outlived its peer"
+                await asyncio.sleep(0.02)   # polling the engine's request count
+            return time.perf_counter() - closed
+
+    elapsed = asyncio.run(scenario())
+    with capsys.disabled():
+        print(f"\n[webrtc] peer hung up: engine request gone {1000 * elapsed:.0f} ms later")
+    assert elapsed <= 1.0, f"the request outlived its peer by {elapsed:.2f} s (issue: within 1 s)"
+
+
 def test_realtime_errors(live_app):
     with httpx.Client(timeout=30) as client:
         r = client.post(live_app + "/v1/realtime/say", json={"webrtc_id": "nope", "text": "hi", "voice": "sample"})

@@ -29,6 +29,7 @@ from tts_engine.models.qwen3_tts.sampling import RowSampling
 from tts_engine.models.qwen3_tts.weights import validate_checkpoint_weights
 from tts_engine.processors.qwen3_tts import ChunkConnector
 from tts_engine.request import (
+    ConsumerTooSlow,
     EngineClosed,
     PromptTooLong,
     RequestError,
@@ -170,16 +171,35 @@ class TTSEngine:
         with self._routes_lock:
             self._routes.pop(request_id, None)
 
-    async def generate(self, request: SpeechRequest, request_id: str | None = None
-                       ) -> AsyncIterator[StreamingChunkOutput]:
+    async def generate(self, request: SpeechRequest, request_id: str | None = None,
+                       max_buffered_s: float | None = None) -> AsyncIterator[StreamingChunkOutput]:
         """Stream a request: delta PCM chunks as Stage 1 produces them, the last with `metrics`.
 
-        Closing or cancelling the iterator aborts the request in both stages.
+        Closing or cancelling the iterator aborts the request in both stages. The stages never wait for a
+        consumer; what it has not read yet waits in memory. `max_buffered_s` bounds that: a consumer more
+        than this much audio behind has its request aborted and gets `ConsumerTooSlow`.
         """
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue = asyncio.Queue()
+        request_id = request_id or uuid.uuid4().hex
+        limit = None if max_buffered_s is None else max_buffered_s * SAMPLE_RATE
+        buffered, overflowed = 0, False
+
+        def put(item) -> None:   # on the loop's thread
+            nonlocal buffered, overflowed
+            if overflowed:
+                return
+            if isinstance(item, StreamingChunkOutput):
+                buffered += item.audio.shape[0]
+                if limit is not None and buffered > limit:
+                    overflowed = True
+                    self.abort(request_id)
+                    item = ConsumerTooSlow(f"the client read the stream slower than real time: more than "
+                                           f"{max_buffered_s:g} s of audio waited unread, so the request was stopped")
+            inbox.put_nowait(item)
+
         route, _ = await loop.run_in_executor(
-            None, self._submit, request, lambda item: loop.call_soon_threadsafe(inbox.put_nowait, item), request_id)
+            None, self._submit, request, lambda item: loop.call_soon_threadsafe(put, item), request_id)
         finished = False
         try:
             while True:
@@ -187,6 +207,7 @@ class TTSEngine:
                 if isinstance(item, Exception):
                     finished = True
                     raise item
+                buffered -= item.audio.shape[0]
                 finished = item.is_finished
                 yield item
                 if finished:
@@ -222,7 +243,8 @@ class TTSEngine:
         """Liveness of each stage thread (a stage whose thread died never comes back: restart the engine)."""
         died = self.talker._thread.died or self.pipeline._thread.died
         return {"healthy": self.healthy, "closed": self._closed, "stage0": self.talker.alive,
-                "stage1": self.pipeline.alive, "error": None if died is None else f"{type(died).__name__}: {died}"}
+                "stage1": self.pipeline.alive, "active_requests": self.active_request_count,
+                "error": None if died is None else f"{type(died).__name__}: {died}"}
 
     def _stage_died(self, exc: BaseException) -> None:
         """A stage thread stopped: every request in flight fails now instead of waiting forever."""

@@ -2,7 +2,8 @@
 `qwen_tts` API.
 
 Errors: `RequestError` (the request cannot be served as given: a 4xx for a server) and its
-`PromptTooLong`; `StreamFailed` (a stage failed while serving it: a 5xx) and its `RequestAborted`;
+`PromptTooLong`; `StreamFailed` (a stage failed while serving it: a 5xx) and its `RequestAborted`
+and `ConsumerTooSlow`;
 `EngineClosed` (the engine no longer takes requests: a 503). Callers tell them apart by type.
 """
 
@@ -126,6 +127,10 @@ class StreamingChunkOutput:
 
 class StreamFailed(RuntimeError):
     """A request failed inside a stage (the message says where)."""
+
+
+class ConsumerTooSlow(StreamFailed):
+    """The consumer fell too far behind the stream (see `TTSEngine.generate(max_buffered_s=...)`)."""
 
 
 class RequestAborted(StreamFailed):

@@ -36,7 +36,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from tts_engine.audio import AudioError, encode_audio, float_to_int16
 from tts_engine.request import SpeechRequest, StreamingChunkOutput, resolve_language
-from tts_engine.serving.errors import ApiError, Slots, route_class
+from tts_engine.serving.errors import ApiError, Slots, route_class, translate
 from tts_engine.serving.schemas import (
     ERRORS,
     NOT_FOUND,
@@ -161,7 +161,7 @@ def speech_router(engine, library: VoiceLibrary, settings: ServingSettings, slot
 
         slots.acquire()
         request_id = f"speech-{uuid.uuid4().hex}"
-        stream = engine.generate(req, request_id=request_id)
+        stream = engine.generate(req, request_id=request_id, max_buffered_s=settings.max_buffered_s)
         released = False
 
         async def cleanup() -> None:
@@ -249,8 +249,8 @@ def speech_router(engine, library: VoiceLibrary, settings: ServingSettings, slot
                 chunk = await stream.__anext__()
             except StopAsyncIteration:
                 return
-            # Any other failure propagates: the connection is closed without the final chunk, so the
-            # client sees an incomplete response instead of a silently truncated one.
+            # Any other failure (a stage fault, ConsumerTooSlow) propagates: the connection is closed without
+            # the final chunk, so the client sees an incomplete response instead of a silently truncated one.
 
     async def sse_events(stream, first: StreamingChunkOutput, body: SpeechCreateRequest, request_id: str,
                          voice_name: str | None) -> AsyncIterator[str]:
@@ -270,8 +270,7 @@ def speech_router(engine, library: VoiceLibrary, settings: ServingSettings, slot
             pass
         except Exception as exc:  # noqa: BLE001 -- reported in-band, the status line is already sent
             log.error("speech stream %s failed: %s", request_id, exc)
-            yield _sse({"type": "error", "error": {"message": f"synthesis failed: {exc}", "type": "server_error",
-                                                   "param": None, "code": "synthesis_failed"}})
+            yield _sse({"type": "error", **translate(exc).body()})
             return
         tokens = count_tokens(body.input)
         m = chunk.metrics

@@ -16,7 +16,14 @@ from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from tts_engine.request import EngineClosed, PromptTooLong, RequestError, StreamFailed, UnsupportedLanguage
+from tts_engine.request import (
+    ConsumerTooSlow,
+    EngineClosed,
+    PromptTooLong,
+    RequestError,
+    StreamFailed,
+    UnsupportedLanguage,
+)
 from tts_engine.serving.voice_library import VoiceLibraryError
 
 log = logging.getLogger(__name__)
@@ -32,6 +39,7 @@ STATUS: dict[str, int] = {
     "audio_too_short": 400, "transcript_too_long": 400, "cloning_unsupported": 400,
     # 404 / 405: the URL names nothing
     "voice_not_found": 404, "unknown_session": 404, "route_not_found": 404, "method_not_allowed": 405,
+    "client_too_slow": 408,   # only in-band (SSE error event, socket error): the status line was sent already
     "voice_exists": 409, "file_too_large": 413,
     # 5xx
     "internal_error": 500, "synthesis_failed": 500, "encoding_failed": 500, "voice_damaged": 500,
@@ -77,6 +85,8 @@ def translate(exc: BaseException) -> ApiError:
         return ApiError("invalid_request", str(exc), exc.param)
     if isinstance(exc, EngineClosed):
         return ApiError("engine_unavailable", f"the engine is not available: {exc}")
+    if isinstance(exc, ConsumerTooSlow):
+        return ApiError("client_too_slow", str(exc))
     if isinstance(exc, StreamFailed):
         return ApiError("synthesis_failed", f"synthesis failed: {exc}")
     if isinstance(exc, (HTTPException, StarletteHTTPException)):
@@ -217,3 +227,53 @@ class Slots:
     def release(self) -> None:
         with self._lock:
             self.active = max(0, self.active - 1)
+
+
+class OneShapeMiddleware:
+    """Rewrites the `{"detail": ...}` 4xx bodies of apps mounted beside ours (the Gradio UI at `/` answers
+    unknown paths itself) into the one error shape, so every 4xx of the process looks the same."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start: dict | None = None
+        body = b""
+
+        async def send_wrapper(message):
+            nonlocal start, body
+            if message["type"] == "http.response.start":
+                headers = dict(message.get("headers") or [])
+                json_body = headers.get(b"content-type", b"").startswith(b"application/json")
+                if 400 <= message["status"] < 500 and json_body:
+                    start = message     # hold it until the body shows whether it is the foreign shape
+                    return
+            elif message["type"] == "http.response.body" and start is not None:
+                body += message.get("body", b"")
+                if message.get("more_body", False):
+                    return
+                body = _reshaped(start["status"], body)
+                headers = [(k, v) for k, v in start.get("headers") or [] if k.lower() != b"content-length"]
+                headers.append((b"content-length", str(len(body)).encode()))
+                await send({**start, "headers": headers})
+                start = None
+                return await send({"type": "http.response.body", "body": body})
+            await send(message)
+
+        await self.app(scope, receive, send_wrapper)
+
+
+def _reshaped(status: int, body: bytes) -> bytes:
+    import json
+
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body
+    if not isinstance(data, dict) or "error" in data or set(data) != {"detail"}:
+        return body
+    detail = data["detail"] if isinstance(data["detail"], str) else json.dumps(data["detail"])
+    error = _http_error(status, detail, None)
+    return json.dumps(error.body()).encode()

@@ -19,6 +19,7 @@ class ServingSettings:
     max_new_tokens: int | None = None         # default frame cap per request (12.5 frames = 1 s); None: stage config
     max_request_new_tokens: int = 8192        # largest `max_new_tokens` a request may ask for
     preroll_s: float = 0.0                    # audio held back before WebRTC playback starts (slow machines)
+    max_buffered_s: float = 30.0              # audio a streaming client may fall behind before its request stops
     drain_s: float = 30.0                     # on SIGTERM: how long running streams may take to finish
 
     @property
