@@ -88,3 +88,32 @@ def live_app(tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+def start_app(work: Path, port: int, *args: str) -> tuple[subprocess.Popen, Path]:
+    """Start `app.py --demo` (tests/configs/app_tiny.yaml) in `work` with its own TMPDIR; returns the process
+    and its log file. For tests that stop or measure a process of their own."""
+    temp = work / "tmp"
+    temp.mkdir(parents=True, exist_ok=True)
+    log = work / "app.log"
+    proc = subprocess.Popen(
+        [sys.executable, "app.py", "--demo", "--port", str(port), "--voices", str(work / "voices"),
+         "--config", str(ROOT / "tests" / "configs" / "app_tiny.yaml"), *args],
+        cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT,
+        env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "TMPDIR": str(temp)})
+    return proc, log
+
+
+def wait_ready(proc: subprocess.Popen, url: str, log: Path, limit_s: float = 300) -> None:
+    deadline = time.monotonic() + limit_s
+    while True:
+        if proc.poll() is not None:
+            pytest.fail("app exited during start-up:\n" + log.read_text()[-4000:])
+        if time.monotonic() > deadline:
+            pytest.fail(f"app did not become ready in {limit_s} s:\n" + log.read_text()[-4000:])
+        try:
+            if httpx.get(url + "/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)   # polling for readiness

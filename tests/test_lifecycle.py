@@ -5,38 +5,22 @@ Its own `app.py --demo` process (the shared live app is stopped by the session, 
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 
-from tests.conftest import ROOT, free_port
+from tests.conftest import free_port, start_app
 
 SPEECH = {"input": "A stream that must finish after the signal.", "voice": "sample", "response_format": "pcm",
           "stream": True, "max_new_tokens": 60}
 
 
-def _start(tmp_path: Path, port: int) -> tuple[subprocess.Popen, Path]:
-    temp = tmp_path / "tmp"
-    temp.mkdir()
-    log = tmp_path / "app.log"
-    proc = subprocess.Popen(
-        [sys.executable, "app.py", "--demo", "--port", str(port), "--voices", str(tmp_path / "voices"),
-         "--config", str(ROOT / "tests" / "configs" / "app_tiny.yaml"), "--drain-s", "60"],
-        cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT,
-        env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False", "TMPDIR": str(temp)})
-    return proc, log
-
-
 def test_readiness_graceful_stop_and_clean_exit(tmp_path):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc, log = _start(tmp_path, port)
+    proc, log = start_app(tmp_path, port, "--drain-s", "60")
     seen: list[tuple[int, int]] = []      # (healthz, readyz) while starting
     try:
         deadline = time.monotonic() + 300
