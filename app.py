@@ -181,6 +181,7 @@ def speak_tab(engine, library, settings: ServingSettings, options: UiOptions, se
         fields = voice_request_fields(config, library, voice, instructions or None)[0]
         return SpeechRequest(text=text, language=language, temperature=temperature, top_k=int(top_k),
                              top_p=top_p, repetition_penalty=penalty, max_new_tokens=int(max_s * 12.5),
+                             trim_leading_silence=True,
                              seed=int(seed) if seed not in (None, "") and int(seed) >= 0 else None, **fields)
 
     def check(*args):

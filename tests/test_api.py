@@ -512,3 +512,19 @@ def test_a_slow_reader_is_bounded_and_told_why_while_others_stream_on(server, cl
     assert b'"code":"client_too_slow"' in data and b"slower than real time" in data, data[-400:]
     assert b"speech.audio.done" not in data
     _wait_idle(server)
+
+
+def test_leading_silence_is_trimmed_by_default_and_the_field_turns_it_off(server, client, alice, monkeypatch):
+    seen = []
+    generate = server.engine.generate
+
+    def spy(request, *args, **kwargs):
+        seen.append(request.trim_leading_silence)
+        return generate(request, *args, **kwargs)
+
+    monkeypatch.setattr(server.engine, "generate", spy)
+    body = {"input": "Trim me.", "voice": "alice", "seed": 7, "response_format": "pcm", "max_new_tokens": 6}
+    on = client.post(SPEECH, json=body)
+    off = client.post(SPEECH, json={**body, "trim_leading_silence": False})
+    assert on.status_code == off.status_code == 200 and seen == [True, False]
+    assert off.content.endswith(on.content) and len(on.content) <= len(off.content)   # only the start differs

@@ -43,6 +43,7 @@ from tts_engine.request import (
 from tts_engine.stages.decoder import AsyncDecodingPipeline
 from tts_engine.stages.route import Route
 from tts_engine.stages.talker import MIN_NEW_TOKENS, TalkerSampling, TalkerStage
+from tts_engine.stages.trim import LeadingSilenceTrimmer
 from tts_engine.stages.vllm_bridge import TalkerEngine
 
 log = logging.getLogger(__name__)
@@ -157,8 +158,9 @@ class TTSEngine:
                                 f"max_model_len is {limit}; split the text or raise max_model_len")
         sampling = self._sampling(request)
         request_id = request_id or uuid.uuid4().hex
+        trimmer = LeadingSilenceTrimmer(SAMPLE_RATE) if request.trim_leading_silence else None
         route = Route(request_id, self.settings.talker.processor, self.connector, self.pipeline, deliver,
-                      self._route_done, self.decoder_device)
+                      self._route_done, self.decoder_device, trimmer)
         with self._routes_lock:
             if request_id in self._routes:
                 raise RequestError(f"request id {request_id!r} is already running")
@@ -321,7 +323,8 @@ class TTSEngine:
         audio = np.concatenate([c.audio for c in chunks]) if chunks else np.zeros(0, np.float32)
         codes = [c.codec_codes for c in chunks if c.codec_codes is not None and len(c.codec_codes)]
         all_codes = np.concatenate(codes) if codes else np.zeros((0, 16), np.int64)
-        audio = self._official_icl_cut(audio, voice, all_codes.shape[0])
+        if not request.trim_leading_silence:   # the official cut only applies to the untrimmed stream
+            audio = self._official_icl_cut(audio, voice, all_codes.shape[0])
         return SynthesisResult(audio=audio, sample_rate=SAMPLE_RATE, codes=all_codes)
 
     def _official_icl_cut(self, audio: np.ndarray, voice: VoicePrompt | None, frames: int) -> np.ndarray:

@@ -70,6 +70,10 @@ class SpeechRequest:
     max_new_tokens: int | None = None
     min_new_tokens: int | None = None       # EOS is masked before this many tokens (default 2, as official)
     seed: int | None = None
+    # Drop audio below -60 dBFS from the start of the stream (at most 200 ms; the released checkpoints
+    # open with ~80 ms of digital silence). Off here, so the engine reproduces the official output; the
+    # app and its APIs turn it on by default.
+    trim_leading_silence: bool = False
 
 
 @dataclass
@@ -92,6 +96,7 @@ class RequestMetrics:
     frames: int = 0
     audio_samples: int = 0
     sample_rate: int = 24000
+    trimmed_samples: int = 0                # leading silence dropped (SpeechRequest.trim_leading_silence)
 
     @property
     def audio_seconds(self) -> float:

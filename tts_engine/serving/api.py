@@ -94,7 +94,8 @@ def speech_router(engine, library: VoiceLibrary, settings: ServingSettings, slot
     def speech_request(body: SpeechCreateRequest, language: str) -> tuple[SpeechRequest, str | None]:
         name = body.voice.id if isinstance(body.voice, VoiceRef) else body.voice
         common = {"text": body.input, "language": language, "seed": body.seed,
-                  "max_new_tokens": body.max_new_tokens or settings.max_new_tokens}
+                  "max_new_tokens": body.max_new_tokens or settings.max_new_tokens,
+                  "trim_leading_silence": body.trim_leading_silence}
         fields, used = voice_request_fields(config, library, name, body.instructions)
         return SpeechRequest(**fields, **common), used
 

@@ -144,6 +144,7 @@ def realtime_router(engine, library: VoiceLibrary, settings: ServingSettings, se
             raise ApiError("input_too_long", f"utterance exceeds {settings.max_input_chars} characters", "text")
         language = resolve_language(body.language, config.supported_languages)
         fields, _ = voice_request_fields(config, library, body.voice, body.instructions)
+        fields["trim_leading_silence"] = body.trim_leading_silence
         queued = session.say(body.text, fields, language, body.final)
         return {"webrtc_id": body.webrtc_id, "clauses_queued": queued}
 

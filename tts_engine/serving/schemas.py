@@ -63,6 +63,8 @@ class SpeechCreateRequest(BaseModel):
     max_new_tokens: int | None = Field(None, ge=1, description="Cap on generated codec frames (12.5 per "
                                           "second of audio). Default: the server's setting / stage config.")
     seed: int | None = Field(None, ge=0, description="Sampling seed for reproducible output.")
+    trim_leading_silence: bool = Field(True, description="Drop audio below -60 dBFS from the start (at most "
+                                       "200 ms), which listeners hear as latency. false: the model's output as is.")
 
 
 class LibraryVoice(BaseModel):
@@ -137,6 +139,8 @@ class Say(BaseModel):
     language: str = Field("auto", description="`auto`, a language the checkpoint supports, or an ISO code (`en`)")
     instructions: str | None = None
     final: bool = Field(True, description="false: more text follows; true: speak everything left")
+    trim_leading_silence: bool = Field(True, description="drop up to 200 ms of silence (< -60 dBFS) that opens "
+                                       "each clause")
 
 
 class Interrupt(BaseModel):

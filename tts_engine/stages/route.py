@@ -21,6 +21,7 @@ import torch
 
 from tts_engine.processors.qwen3_tts import ChunkConnector, CodecChunk
 from tts_engine.request import RequestAborted, RequestMetrics, StreamFailed, StreamingChunkOutput
+from tts_engine.stages.trim import LeadingSilenceTrimmer
 
 
 class _StageRequest:
@@ -36,7 +37,8 @@ class _StageRequest:
 
 class Route:
     def __init__(self, request_id: str, processor: Callable, connector: ChunkConnector, pipeline,
-                 deliver: Callable, on_done: Callable[[str], None], stage1_device: torch.device):
+                 deliver: Callable, on_done: Callable[[str], None], stage1_device: torch.device,
+                 trimmer: LeadingSilenceTrimmer | None = None):
         self.request_id = request_id
         self.stage_request = _StageRequest(request_id)
         self.processor = processor
@@ -49,6 +51,7 @@ class Route:
         self.chunk_codes: dict[int, torch.Tensor] = {}
         self.samples = 0
         self.closed = False
+        self.trimmer = trimmer
 
     def _elapsed(self) -> float:
         return time.perf_counter() - self.metrics.submitted_at
@@ -90,7 +93,10 @@ class Route:
             self.fail(StreamFailed(error))
             return
         now = self._elapsed()
-        if self.metrics.first_chunk_s is None:
+        if self.trimmer is not None:
+            audio = self.trimmer.push(audio)
+            self.metrics.trimmed_samples = self.trimmer.trimmed
+        if self.metrics.first_chunk_s is None and (audio.size or finished):
             self.metrics.first_chunk_s = now
         self.samples += audio.shape[0]
         codes = self.chunk_codes.pop(chunk_idx, None)

@@ -180,7 +180,7 @@ def make_request(args, index: int, voice=None):
     from tts_engine import SpeechRequest
     text = TEXTS[index % len(TEXTS)]
     kw: dict[str, Any] = dict(text=text, language="english", max_new_tokens=args.frames + 1,
-                              min_new_tokens=args.frames + 1)
+                              min_new_tokens=args.frames + 1, trim_leading_silence=not args.no_trim)
     if args.seed is not None:
         kw["seed"] = args.seed + index
     if voice is not None:
@@ -662,6 +662,8 @@ def parse_args(argv=None):
     load.add_argument("--ref-audio", help="Base models: reference clip (default assets/reference_en.wav)")
     load.add_argument("--seed", type=int, default=None)
     load.add_argument("--prebuffer-ms", type=float, default=0.0, help="player pre-buffer before playback starts")
+    load.add_argument("--no-trim", action="store_true",
+                      help="keep leading silence (the app and APIs trim up to 200 ms below -60 dBFS by default)")
     ref = ap.add_argument_group("comparison")
     ref.add_argument("--reference", action="store_true", help="also run the official qwen_tts (CPU, sequential)")
     ref.add_argument("--reference-only", action="store_true")
