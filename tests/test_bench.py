@@ -60,12 +60,13 @@ def test_end_to_end_tiny_fixed_frames(tmp_path):
     out = tmp_path / "bench.json"
     md = tmp_path / "bench.md"
     rc = main(["--demo", "tiny", "--demo-dir", str(tmp_path), "--concurrency", "1,2", "--frames", "12",
-               "--requests", "2", "--warmup", "0", "--keep-requests", "--json", str(out), "--markdown", str(md)])
+               "--requests", "2", "--warmup", "0", "--cold", "--keep-requests", "--json", str(out), "--markdown", str(md)])
     assert rc == 0
     doc = json.loads(out.read_text())
     assert doc["environment"]["torch"] and doc["checkpoint"]["demo"] == "tiny"
     rows = doc["results"]
-    assert [r["level"] for r in rows] == [1, 2]
+    assert [(r["name"], r["level"]) for r in rows] == [("ours/cold", 1), ("ours", 1), ("ours", 2)]
+    assert rows[0]["startup_warmup"] == "full" and rows[0]["startup_warmup_s"] > 0
     for row in rows:
         assert row["errors"] == 0 and row["requests"] == 2
         for key in ("first_chunk_ms_p50", "first_audible_ms_p50", "frame_ms_p50", "rtf_p50", "audio_s_per_s"):
@@ -75,3 +76,16 @@ def test_end_to_end_tiny_fixed_frames(tmp_path):
             assert request["audio_s"] == pytest.approx(12 * 0.08)
             assert sum(n for _, n in request["chunks"]) == 12 * 1920
     assert md.read_text().count("| ours |") == 2
+
+
+def test_url_mode_measures_a_running_server(live_app, tmp_path):
+    out = tmp_path / "url.json"
+    rc = main(["--url", live_app, "--voice", "sample", "--concurrency", "2", "--frames", "10", "--requests", "2",
+               "--keep-requests", "--json", str(out)])
+    assert rc == 0
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["name"] == "http client" and row["errors"] == 0 and row["requests"] == 2, row
+    for key in ("first_chunk_ms_p50", "first_audible_ms_p50", "rtf_p50", "audio_s_per_s"):
+        assert row[key] is not None and row[key] > 0, key
+    for request in row["requests_detail"]:
+        assert 0 < request["audio_s"] <= 10 * 0.08 + 1e-6 and request["chunks"]

@@ -94,13 +94,23 @@ class DecoderStageConfig:
     def schedule(self) -> ChunkSchedule:
         return ChunkSchedule(self.initial_chunk_size, self.chunk_size, self.chunk_growth)
 
+    def graph_frame_counts(self) -> list[int]:
+        """Frame counts of the decoder's CUDA graphs: every chunk size of the schedule and every remainder
+        a stream's last chunk can have (1 .. chunk_size), so no decode of a stream runs eagerly."""
+        return sorted(set(range(1, self.chunk_size + 1)) | set(self.schedule.sizes()))
+
     def graph_batch_sizes(self) -> list[int]:
         """Batch buckets of the decoder's CUDA graphs: powers of two up to `max_batch_size`, and it."""
-        sizes, b = [], 1
-        while b < self.max_batch_size:
-            sizes.append(b)
-            b *= 2
-        return sizes + [self.max_batch_size]
+        return batch_buckets(self.max_batch_size)
+
+
+def batch_buckets(limit: int) -> list[int]:
+    """1, 2, 4, ... below `limit`, then `limit`: the batch sizes graphs are captured for and warmed at."""
+    sizes, b = [], 1
+    while b < limit:
+        sizes.append(b)
+        b *= 2
+    return sizes + [limit]
 
 
 @dataclass(frozen=True)
@@ -345,5 +355,5 @@ def engine_settings(stage_config: StageConfig | str | Path | None, **overrides: 
     return config.with_overrides(**overrides) if overrides else config
 
 
-__all__ = ["ChunkSchedule", "DecoderStageConfig", "StageConfig", "StageConfigError", "TalkerStageConfig",
+__all__ = ["ChunkSchedule", "batch_buckets", "DecoderStageConfig", "StageConfig", "StageConfigError", "TalkerStageConfig",
            "engine_settings", "load_stage_config", "parse_stage_config"]

@@ -19,7 +19,7 @@ from typing import AsyncIterator, Iterator
 import numpy as np
 import torch
 
-from tts_engine.config import StageConfig, engine_settings
+from tts_engine.config import StageConfig, batch_buckets, engine_settings
 from tts_engine.hub import resolve_model
 from tts_engine.models.qwen3_tts.cloner import VoiceCloner
 from tts_engine.models.qwen3_tts.codec_decoder import Code2WavDecoder
@@ -89,7 +89,7 @@ class TTSEngine:
         self.connector = ChunkConnector(schedule=d.schedule, left_context_size=d.left_context_size)
         self.pipeline = AsyncDecodingPipeline(
             self.decoder, self.decoder_device, mode=d.decode_mode, max_batch_size=d.max_batch_size,
-            left_context_size=d.left_context_size, graph_frame_counts=d.schedule.sizes(),
+            left_context_size=d.left_context_size, graph_frame_counts=d.graph_frame_counts(),
             graph_batch_sizes=d.graph_batch_sizes(), on_death=self._stage_died)
         self.talker = TalkerStage(self.talker_engine, config, self.device, on_death=self._stage_died)
 
@@ -263,11 +263,20 @@ class TTSEngine:
             "connector": self.connector.active_request_ids(), "stage1": self.pipeline.active_request_ids,
         }
 
-    def warmup(self) -> float:
-        """Run one throw-away request through both stages so the first user request does not pay for
-        first-call costs (vLLM's first steps, allocator growth, kernels for each chunk shape).
-        Returns the seconds it took."""
+    def warmup(self, batch_sizes: list[int] | None = None) -> float:
+        """Meet every shape before users do: for each batch size, that many throw-away requests start
+        together and run through every chunk size of the schedule, so the talker's batch sizes, the code
+        predictor's buckets and each batched decoder shape are built now (vLLM's first steps, allocator
+        growth, kernels, compiled graphs) instead of while a first burst of users waits. The decoder's
+        CUDA graphs for every (batch bucket, frame count) are captured when the engine is built.
+
+        `batch_sizes` default: powers of two up to `max_num_seqs` (and it) on a GPU; one request on a
+        CPU, where a burst costs seconds and there is nothing to capture. Returns the seconds it took."""
         start = time.perf_counter()
+        if batch_sizes is None:
+            batch_sizes = [1]
+            if self.device.type == "cuda":
+                batch_sizes = batch_buckets(self.settings.talker.max_num_seqs)
         frames = self.settings.decoder.schedule.frames_through_steady()   # every chunk size of the schedule once
         kind = self.config.model_type
         fields: dict = {"voice": VoicePrompt(torch.zeros(self.config.talker.shape.hidden_size), x_vector_only=True)}
@@ -276,11 +285,20 @@ class TTSEngine:
         elif kind == "voice_design":
             fields = {"instruct": "A neutral voice."}
         request = SpeechRequest(text="Warm-up.", do_sample=False, subtalker_do_sample=False,
-                                max_new_tokens=frames + 1, **fields)
-        for _ in self.stream(request):
-            pass
+                                max_new_tokens=frames + 1, min_new_tokens=frames + 1, **fields)
+
+        def run() -> None:
+            for _ in self.stream(request):
+                pass
+
+        for size in batch_sizes:
+            threads = [threading.Thread(target=run, name="tts-warmup") for _ in range(size)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
         elapsed = time.perf_counter() - start
-        log.info("warm-up: %d frames through both stages in %.2f s", frames, elapsed)
+        log.info("warm-up: %d frames through both stages at batch sizes %s in %.2f s", frames, batch_sizes, elapsed)
         return elapsed
 
     def stream(self, request: SpeechRequest, request_id: str | None = None) -> Iterator[StreamingChunkOutput]:

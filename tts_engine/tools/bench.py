@@ -6,6 +6,7 @@ underruns against concurrency, for our engine (and, on CPU, the official `qwen_t
     python -m tts_engine.tools.bench --demo 1.7b --concurrency 1,4,16,64 --frames 100     # GPU
     python -m tts_engine.tools.bench --model Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice --speaker ryan
     python -m tts_engine.tools.bench --webrtc http://127.0.0.1:7860 --voice sample        # a running app
+    python -m tts_engine.tools.bench --url http://127.0.0.1:7860 --voice sample --concurrency 16,64  # over HTTP
 
 What is measured, per request (times from the moment the request is handed to the engine):
   * first chunk: the first delta PCM chunk reaches the caller (server side, in process; `engine`
@@ -78,6 +79,7 @@ class RequestResult:
     underruns: int = 0
     underrun_s: float = 0.0
     error: str | None = None
+    replica: str | None = None               # --url: the x-tts-replica header of the answer (Ray Serve)
 
     @property
     def rtf(self) -> float | None:
@@ -217,6 +219,16 @@ async def _one_request(engine, request, t_level: float, prebuffer_s: float) -> R
     except Exception as exc:  # a failed request is counted, not fatal
         result.error = f"{type(exc).__name__}: {exc}"
         return result
+    return _listened(result, pieces, prebuffer_s)
+
+
+def _keep_details(args, row: dict, results: list[RequestResult]) -> None:
+    if args.keep_requests:
+        row["requests_detail"] = [dataclasses.asdict(r) for r in results]
+
+
+def _listened(result: RequestResult, pieces: list[np.ndarray], prebuffer_s: float) -> RequestResult:
+    """What a listener gets from the chunks: duration, first audible chunk, underruns of a real-time player."""
     audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
     result.audio_s = audio.size / SAMPLE_RATE
     idx = first_audible_sample(audio)
@@ -233,8 +245,16 @@ async def _one_request(engine, request, t_level: float, prebuffer_s: float) -> R
 
 async def run_level(engine, args, level: int, voice=None, index0: int = 0, requests: int | None = None
                     ) -> tuple[list[RequestResult], float]:
+    """Our engine in process at one level (see `run_arrivals`)."""
+    def one(i: int, t_level: float):
+        return _one_request(engine, make_request(args, index0 + i, voice), t_level, args.prebuffer_ms / 1000)
+    return await run_arrivals(args, level, one, requests)
+
+
+async def run_arrivals(args, level: int, one: Callable[[int, float], Any], requests: int | None = None
+                       ) -> tuple[list[RequestResult], float]:
     """Closed loop (`level` streams, each starting its next request when one finishes) or Poisson
-    arrivals (`level` requests per second)."""
+    arrivals (`level` requests per second); `one(i, t_level)` runs request i."""
     n = requests if requests is not None else (args.requests or max(2 * level, 4))
     t_level = time.perf_counter()
     results: list[RequestResult] = []
@@ -243,15 +263,13 @@ async def run_level(engine, args, level: int, voice=None, index0: int = 0, reque
 
         async def worker():
             for i in counter:
-                results.append(await _one_request(engine, make_request(args, index0 + i, voice), t_level,
-                                                  args.prebuffer_ms / 1000))
+                results.append(await one(i, t_level))
         await asyncio.gather(*(worker() for _ in range(min(level, n))))
     else:
         rng = random.Random(1234 + level)
         tasks = []
         for i in range(n):
-            tasks.append(asyncio.ensure_future(_one_request(engine, make_request(args, index0 + i, voice), t_level,
-                                                            args.prebuffer_ms / 1000)))
+            tasks.append(asyncio.ensure_future(one(i, t_level)))
             await asyncio.sleep(rng.expovariate(level))
         results = list(await asyncio.gather(*tasks))
     return results, time.perf_counter() - t_level
@@ -457,6 +475,18 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
         args.instruct = "A calm, clear voice."
     rows = []
     try:
+        if args.startup_warmup != "none":       # what app.py does before it reports ready
+            t = time.perf_counter()
+            engine.warmup(batch_sizes=[1] if args.startup_warmup == "single" else None)
+            info["startup_warmup"] = args.startup_warmup
+            info["startup_warmup_s"] = round(time.perf_counter() - t, 1)
+            log.info("start-up warm-up (%s) took %.1f s", args.startup_warmup, info["startup_warmup_s"])
+        if args.cold:                           # the first level users meet after start-up
+            results, wall = await run_level(engine, args, levels[0], voice, 50_000)
+            row = summarize("ours/cold", levels[0], args.arrival, results, wall, args.frames, {**info, "variant": "cold"})
+            _keep_details(args, row, results)
+            rows.append(row)
+            report(row)
         if args.warmup:
             warm = argparse.Namespace(**{**vars(args), "frames": min(args.frames, 40)})
             log.info("warm-up: %d requests at concurrency %d, then 1", args.warmup, max(levels))
@@ -479,8 +509,7 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
                     row = summarize(f"ours/{variant}" if variant != "default" else "ours", level, args.arrival,
                                     results, wall, run_args.frames,
                                     {**info, "variant": variant})
-                    if args.keep_requests:
-                        row["requests_detail"] = [dataclasses.asdict(r) for r in results]
+                    _keep_details(args, row, results)
                     rows.append(row)
                     report(row)
             finally:
@@ -630,6 +659,65 @@ async def bench_webrtc(args, report: Callable[[dict], None]) -> list[dict]:
     return rows
 
 
+# ---- a running server over HTTP (client side) -------------------------------------------------------
+async def bench_url(args, report: Callable[[dict], None]) -> list[dict]:
+    """Many concurrent clients of `POST /v1/audio/speech` (raw PCM streaming) against a running app or
+    Ray Serve deployment: the same metrics as in process, measured where the bytes arrive."""
+    import httpx
+
+    url = args.url.rstrip("/")
+    rows = []
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+
+    async def one(client, i: int, t_level: float) -> RequestResult:
+        result = RequestResult(request_id="", submitted_s=time.perf_counter() - t_level)
+        body: dict[str, Any] = {"input": TEXTS[i % len(TEXTS)], "language": "english", "response_format": "pcm",
+                                "stream": True, "max_new_tokens": args.frames + 1,
+                                "trim_leading_silence": not args.no_trim}
+        if args.voice:
+            body["voice"] = args.voice
+        if args.instruct:
+            body["instructions"] = args.instruct
+        pieces, carry = [], b""
+        t0 = time.perf_counter()
+        try:
+            async with client.stream("POST", url + "/v1/audio/speech", json=body) as r:
+                if r.status_code != 200:
+                    result.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                    return result
+                result.request_id = r.headers.get("x-request-id", "")
+                result.replica = r.headers.get("x-tts-replica")
+                async for part in r.aiter_raw():
+                    now = time.perf_counter() - t0
+                    data = carry + part
+                    usable = len(data) - len(data) % 2
+                    carry = data[usable:]
+                    if not usable:
+                        continue
+                    pcm = np.frombuffer(data[:usable], "<i2").astype(np.float32) / 32768
+                    if result.first_chunk_s is None:
+                        result.first_chunk_s = now
+                    pieces.append(pcm)
+                    result.chunks.append((now, int(pcm.size)))
+            result.finished_s = time.perf_counter() - t0
+            result.frames = int(sum(p.size for p in pieces) / 1920)
+        except Exception as exc:  # a failed request is counted, not fatal
+            result.error = f"{type(exc).__name__}: {exc}"
+            return result
+        return _listened(result, pieces, args.prebuffer_ms / 1000)
+
+    async with httpx.AsyncClient(timeout=args.webrtc_timeout * 4, limits=limits) as client:
+        for level in [int(x) for x in args.concurrency.split(",")]:
+            results, wall = await run_arrivals(args, level, lambda i, t: one(client, i, t))
+            replicas = sorted({r.replica for r in results if r.replica})
+            row = summarize("http client", level, args.arrival, results, wall, args.frames,
+                            {"variant": "url", "url": url, "replicas": replicas})
+            _keep_details(args, row, results)
+            rows.append(row)
+            report(row)
+    return rows
+
+
 # ---- command line ---------------------------------------------------------------------------------
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(prog="python -m tts_engine.tools.bench", description=__doc__.split("\n")[0],
@@ -653,7 +741,11 @@ def parse_args(argv=None):
     load.add_argument("--arrival", choices=("closed", "poisson"), default="closed")
     load.add_argument("--requests", type=int, help="requests per level (default: max(2 x level, 4))")
     load.add_argument("--frames", type=int, default=100, help="codec frames per request (80 ms each)")
-    load.add_argument("--warmup", type=int, default=2, help="warm-up requests (0: none)")
+    load.add_argument("--warmup", type=int, default=2, help="the bench's own warm-up requests (0: none)")
+    load.add_argument("--startup-warmup", choices=("full", "single", "none"), default="full",
+                      help="engine.warmup() after start-up as app.py does: every batch size (full), one request, none")
+    load.add_argument("--cold", action="store_true",
+                      help="run the first level right after start-up, before the bench's warm-up (row 'ours/cold')")
     load.add_argument("--variants", default="default", help=f"comma list of {sorted(VARIANTS)}")
     load.add_argument("--variant-levels", help="levels for non-default variants (default: --concurrency)")
     load.add_argument("--variant-frames", type=int, help="frames per request for non-default variants")
@@ -668,7 +760,9 @@ def parse_args(argv=None):
     ref.add_argument("--reference", action="store_true", help="also run the official qwen_tts (CPU, sequential)")
     ref.add_argument("--reference-only", action="store_true")
     ref.add_argument("--webrtc", metavar="URL", help="measure client-side over WebRTC against a running app")
-    ref.add_argument("--voice", default="sample", help="voice for --webrtc")
+    ref.add_argument("--url", metavar="URL", help="measure client-side over HTTP streaming against a running "
+                     "app or Ray Serve deployment (many concurrent /v1/audio/speech clients)")
+    ref.add_argument("--voice", default="sample", help="voice for --webrtc and --url (CustomVoice: a speaker)")
     ref.add_argument("--webrtc-timeout", type=float, default=60.0)
     out = ap.add_argument_group("output")
     out.add_argument("--json", help="write all results here")
@@ -677,8 +771,8 @@ def parse_args(argv=None):
     out.add_argument("--breakdown", action="store_true", help="GPU: also time the predictor and decoder alone")
     out.add_argument("--label", default="", help="free text stored with the results")
     args = ap.parse_args(argv)
-    if not args.webrtc and not args.model and not args.demo:
-        ap.error("give --model, --demo or --webrtc")
+    if not args.webrtc and not args.url and not args.model and not args.demo:
+        ap.error("give --model, --demo, --webrtc or --url")
     return args
 
 
@@ -695,7 +789,10 @@ def main(argv=None) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(doc, indent=1))
 
-    if args.webrtc:
+    if args.url:
+        doc["environment"] = environment("cpu")
+        asyncio.run(bench_url(args, report))
+    elif args.webrtc:
         doc["environment"] = environment("cpu")
         asyncio.run(bench_webrtc(args, report))
     else:

@@ -738,6 +738,7 @@ class _DecoderGraphs:
         self.batch_sizes = sorted(set(batch_sizes))
         self.max_batch = self.batch_sizes[-1]      # lower it to keep larger batches eager (benchmarks)
         self.pool = self._new_pool()
+        self._states: dict[int, DecoderStreamState] = {}
         self._graphs: dict[tuple[int, int], tuple] = {}
         with torch.inference_mode():
             for b in reversed(self.batch_sizes):            # largest first: smaller reuse the pool
@@ -751,7 +752,9 @@ class _DecoderGraphs:
         decoder = self.decoder
         device = decoder.quantizer.tables.device
         codes = torch.zeros(b, n, decoder.config.num_quantizers, dtype=torch.long, device=device)
-        state = decoder.new_stream_state(b)
+        if b not in self._states:   # one static input state per batch bucket, shared by its frame counts
+            self._states[b] = decoder.new_stream_state(b)
+        state = self._states[b]
         replay, wav, next_state = self._record(codes, state)
         self._graphs[(b, n)] = (replay, codes, state, wav, next_state)
 
