@@ -449,7 +449,10 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
     from tts_engine import TTSEngine
     on_gpu = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
     levels = [int(x) for x in args.concurrency.split(",")]
-    overrides: dict[str, Any] = {"max_num_seqs": max(max(levels), 1), "max_model_len": args.max_model_len}
+    closed = levels if args.arrival == "closed" else [64]        # Poisson: concurrency follows the arrivals
+    closed = closed + [int(x) for x in (args.closed_levels or "").split(",") if x]
+    overrides: dict[str, Any] = {"max_num_seqs": args.max_num_seqs or max(max(closed), 1),
+                                 "max_model_len": args.max_model_len}
     if args.device:
         overrides["device"] = args.device
     if on_gpu:
@@ -514,6 +517,15 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
                     report(row)
             finally:
                 apply_variant(engine, previous)
+        if args.closed_levels:                  # a second load shape on the same engine
+            closed = argparse.Namespace(**{**vars(args), "arrival": "closed"})
+            for level in [int(x) for x in args.closed_levels.split(",")]:
+                results, wall = await run_level(engine, closed, level, voice, index)
+                index += len(results)
+                row = summarize("ours", level, "closed", results, wall, args.frames, {**info, "variant": "default"})
+                _keep_details(args, row, results)
+                rows.append(row)
+                report(row)
         if args.breakdown and engine.device.type == "cuda":
             for row in component_timings(engine, max(levels)):
                 report({"name": "component", "level": row["batch"], **row})
@@ -733,12 +745,15 @@ def parse_args(argv=None):
     eng.add_argument("--device")
     eng.add_argument("--dtype", help="bfloat16 / float32 (default: bf16 on GPU, fp32 on CPU)")
     eng.add_argument("--max-model-len", type=int, default=1024)
+    eng.add_argument("--max-num-seqs", type=int, help="default: the largest closed-loop level (64 for Poisson)")
     eng.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     eng.add_argument("--kv-cache-gib", type=float, default=1.0, help="CPU KV cache")
     load = ap.add_argument_group("load")
     load.add_argument("--concurrency", default="1,4,16,64",
                       help="levels: streams (closed loop) or requests/s (--arrival poisson)")
     load.add_argument("--arrival", choices=("closed", "poisson"), default="closed")
+    load.add_argument("--closed-levels", help="then also these closed-loop levels on the same engine (after a "
+                      "--arrival poisson run, say)")
     load.add_argument("--requests", type=int, help="requests per level (default: max(2 x level, 4))")
     load.add_argument("--frames", type=int, default=100, help="codec frames per request (80 ms each)")
     load.add_argument("--warmup", type=int, default=2, help="the bench's own warm-up requests (0: none)")

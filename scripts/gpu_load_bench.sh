@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Issue "real time under load" in one device call (BENCHMARKS.md, section "Under load"): 1.7B shapes,
+# the first Poisson level right after start-up ("cold") and warm, then closed loop 1..128 streams, the
+# component breakdown; then the same cold level with only the old one-request warm-up (the variant that
+# switches the full start-up warm-up off). Needs /tmp/site (scripts/gpu_setup.sh). Results in $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/gpu_env.sh
+OUT=${OUT:-/tmp/bench_out}; mkdir -p "$OUT"
+CK=/tmp/ckpt; mkdir -p $CK
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+python3 -c "from tts_engine.tools.demo_checkpoint import build_demo_checkpoint as b; b('$CK/tts_bench_1.7b_custom_voice', 'custom_voice', shape='1.7b', progress=False)"
+B="python3 -m tts_engine.tools.bench --demo 1.7b --demo-dir $CK --frames ${FRAMES:-50}"
+timeout ${T_MAIN:-420} $B --cold --warmup 2 --arrival poisson --concurrency 16,1,16,20 --requests 40 \
+  --closed-levels ${CLOSED:-1,16,64,128} --breakdown --label "load: full start-up warm-up" \
+  --json $OUT/load_full.json --markdown $OUT/load_full.md > $OUT/load_full.log 2>&1
+echo "== full rc=$?"; grep -E '^\||Traceback|Error|warm-up' $OUT/load_full.log | tail -40
+timeout ${T_VARIANT:-240} $B --cold --warmup 0 --startup-warmup single --arrival poisson --concurrency 16 --requests 40 \
+  --label "load: one-request start-up warm-up (variant)" \
+  --json $OUT/load_single.json --markdown $OUT/load_single.md > $OUT/load_single.log 2>&1
+echo "== single rc=$?"; grep -E '^\||Traceback|Error|warm-up' $OUT/load_single.log | tail -12
