@@ -54,7 +54,7 @@ def test_decoder_graph_buffers_match_full_decode():
     decoder.eval()
     codes = torch.randint(0, 2048, (3, 14, 16), generator=torch.Generator().manual_seed(1))
     whole = decoder.decode_full(codes)
-    decoder._graphs = EagerDecoderGraphs(decoder, frame_counts=(1, 2, 4), batch_sizes=(1, 2, 4))
+    decoder._graphs = EagerDecoderGraphs(decoder, [(b, n) for b in (1, 2, 4) for n in (1, 2, 4)])
     states = [decoder.new_stream_state() for _ in range(3)]
     pieces, start = [], 0
     for n in (1, 2, 4, 7):              # 3 streams padded to 4; 7 frames is not a graph size (eager)

@@ -126,6 +126,13 @@ def test_schedule_warmup_and_graph_shapes_come_from_one_place():
     assert decoder.max_batch_size == 64 and decoder.graph_batch_sizes() == [1, 2, 4, 8, 16, 32, 64]
     assert ChunkSchedule(4, 7, 1).sizes() == [4, 7] and ChunkSchedule(3, 20, 2).sizes() == [3, 6, 12, 20]
     assert DecoderStageConfig(max_batch_size=12).graph_batch_sizes() == [1, 2, 4, 8, 12]
+    # every remainder a last chunk can have is a graph too; big chunks are split so a call holds at most
+    # max_batch_frames (16 x 25 by default): 64 one-frame streams in one call, 16 streams of 25 frames
+    assert decoder.graph_frame_counts() == list(range(1, 26))
+    assert decoder.batch_limit(1) == 64 and decoder.batch_limit(25) == 16 and decoder.batch_limit(7) == 57
+    shapes = set(decoder.graph_shapes())
+    assert {(64, 1), (64, 6), (16, 25), (1, 25), (57, 7), (32, 7)} <= shapes and (32, 25) not in shapes
+    assert all(b * n <= decoder.max_batch_frames for b, n in shapes)
 
 
 def test_overrides_replace_fields_by_name():

@@ -89,6 +89,8 @@ class DecoderStageConfig:
     chunk_growth: int = 2                     # >1: chunks grow geometrically from the first to chunk_size
     decode_mode: str = "exact"                # exact (carried state) | context (the seed's left-context method)
     max_batch_size: int = 16                  # streams decoded in one call (and CUDA graphs captured up to it)
+    max_batch_frames: int = 400               # streams x new frames in one call: a round of big chunks is split
+                                              # (decoder activations grow with both; 16 x 25 fits beside vLLM)
 
     @property
     def schedule(self) -> ChunkSchedule:
@@ -102,6 +104,15 @@ class DecoderStageConfig:
     def graph_batch_sizes(self) -> list[int]:
         """Batch buckets of the decoder's CUDA graphs: powers of two up to `max_batch_size`, and it."""
         return batch_buckets(self.max_batch_size)
+
+    def batch_limit(self, frames: int) -> int:
+        """Streams decoded together in one call for chunks of `frames` new frames."""
+        return max(1, min(self.max_batch_size, self.max_batch_frames // max(1, frames)))
+
+    def graph_shapes(self) -> list[tuple[int, int]]:
+        """(batch bucket, frames) of every decoder CUDA graph: each frame count with the buckets a call of
+        that many frames can use: powers of two below `batch_limit(frames)`, and that limit."""
+        return [(b, n) for n in self.graph_frame_counts() for b in batch_buckets(self.batch_limit(n))]
 
 
 def batch_buckets(limit: int) -> list[int]:
@@ -153,7 +164,7 @@ _TALKER_ARGS = {"model_stage": (str, True), "worker_type": (str, False), "engine
                 "enforce_eager": (bool, False)}
 _DECODER_ARGS = {"model_stage": (str, True), "worker_type": (str, False), "engine_output_type": (str, False),
                  "chunk_size": (int, False), "left_context_size": (int, False), "initial_chunk_size": (int, False),
-                 "chunk_growth": (int, False), "decode_mode": (str, False)}
+                 "chunk_growth": (int, False), "decode_mode": (str, False), "max_batch_frames": (int, False)}
 _SAMPLING = {"temperature": (float, False), "top_k": (int, False), "top_p": (float, False),
              "repetition_penalty": (float, False), "max_tokens": (int, False), "do_sample": (bool, False),
              "subtalker_do_sample": (bool, False), "subtalker_temperature": (float, False),
@@ -326,7 +337,8 @@ def parse_stage_config(data: Any, where: str = "<stage config>") -> StageConfig:
         left_context_size=positive(p1 + "engine_args.", a1, "left_context_size", d.left_context_size, minimum=0),
         initial_chunk_size=positive(p1 + "engine_args.", a1, "initial_chunk_size", d.initial_chunk_size),
         decode_mode=mode, chunk_growth=positive(p1 + "engine_args.", a1, "chunk_growth", d.chunk_growth),
-        max_batch_size=positive(p1 + "runtime.", r1, "max_batch_size", d.max_batch_size))
+        max_batch_size=positive(p1 + "runtime.", r1, "max_batch_size", d.max_batch_size),
+        max_batch_frames=positive(p1 + "engine_args.", a1, "max_batch_frames", d.max_batch_frames))
     config = StageConfig(path=None, async_chunk=data["async_chunk"], model=data.get("model"), talker=talker,
                          decoder=decoder)
     _check_kind(where, config)

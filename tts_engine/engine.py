@@ -89,8 +89,8 @@ class TTSEngine:
         self.connector = ChunkConnector(schedule=d.schedule, left_context_size=d.left_context_size)
         self.pipeline = AsyncDecodingPipeline(
             self.decoder, self.decoder_device, mode=d.decode_mode, max_batch_size=d.max_batch_size,
-            left_context_size=d.left_context_size, graph_frame_counts=d.graph_frame_counts(),
-            graph_batch_sizes=d.graph_batch_sizes(), on_death=self._stage_died)
+            left_context_size=d.left_context_size, graph_shapes=d.graph_shapes(), batch_limit=d.batch_limit,
+            on_death=self._stage_died)
         self.talker = TalkerStage(self.talker_engine, config, self.device, on_death=self._stage_died)
 
     # ---- construction ----------------------------------------------------------------------------

@@ -50,7 +50,8 @@ class _Stream:
 class AsyncDecodingPipeline:
     def __init__(self, decoder: Code2WavDecoder, device: torch.device, mode: str = "exact",
                  max_batch_size: int = 16, left_context_size: int = 25,
-                 graph_frame_counts: list[int] | None = None, graph_batch_sizes: list[int] | None = None,
+                 graph_shapes: list[tuple[int, int]] | None = None,
+                 batch_limit: Callable[[int], int] | None = None,
                  on_death: Callable[[BaseException], None] | None = None):
         if mode not in ("exact", "context"):
             raise ValueError(f"decode mode must be 'exact' or 'context', got {mode!r}")
@@ -64,8 +65,9 @@ class AsyncDecodingPipeline:
         self._inbox: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        if self._stream is not None and mode == "exact" and graph_frame_counts:
-            decoder.enable_cuda_graphs(graph_frame_counts, graph_batch_sizes or [1])
+        self.batch_limit = batch_limit or (lambda frames: max_batch_size)
+        if self._stream is not None and mode == "exact" and graph_shapes:
+            decoder.enable_cuda_graphs(graph_shapes)
         self._thread = OwnerThread("tts-stage1", self._run, on_death)
 
     # ---- commands (any thread) -------------------------------------------------------------------
@@ -157,8 +159,9 @@ class AsyncDecodingPipeline:
         for item in ready:
             groups.setdefault(item[2].new_frames, []).append(item)
         for frames, items in sorted(groups.items()):    # small (first) chunks first: time to first audio
-            for start in range(0, len(items), self.max_batch_size):
-                batch = items[start:start + self.max_batch_size]
+            size = self.batch_limit(frames)
+            for start in range(0, len(items), size):
+                batch = items[start:start + size]
                 self._decode_batch(batch, frames)
 
     def _decode_batch(self, batch: list, frames: int) -> None:

@@ -574,13 +574,14 @@ class Code2WavDecoder(nn.Module):
         self._graphs: _DecoderGraphs | None = None
         self.use_graphs = True     # a switch for benchmarks (captured graphs stay valid)
 
-    def enable_cuda_graphs(self, frame_counts: Sequence[int], batch_sizes: Sequence[int]) -> None:
-        """Replay CUDA graphs for `decode_step`s of these frame counts (the engine passes its chunk
-        schedule, `ChunkSchedule.sizes()`) and up to max(batch_sizes) streams (a batch is padded to
-        the next size), all captured here, before serving; other shapes run eagerly. A one-frame step
-        is ~400 small kernels: launch-bound eager (~10-20 ms on an H200), ~3 ms as a graph. CUDA only."""
+    def enable_cuda_graphs(self, shapes: Sequence[tuple[int, int]]) -> None:
+        """Replay CUDA graphs for `decode_step`s of these (batch bucket, new frames) shapes (the engine
+        passes `DecoderStageConfig.graph_shapes()`: every chunk size and remainder, batches up to what a
+        call of that size may hold); a batch is padded to the next bucket of its frame count. All are
+        captured here, before serving; other shapes run eagerly. A one-frame step is ~400 small kernels:
+        launch-bound eager (~10-20 ms on an H200), ~3 ms as a graph. CUDA only."""
         if self.quantizer.tables.is_cuda:
-            self._graphs = _DecoderGraphs(self, frame_counts, batch_sizes)
+            self._graphs = _DecoderGraphs(self, shapes)
 
     # ---- loading --------------------------------------------------------------------------------
 
@@ -732,21 +733,24 @@ class _DecoderGraphs:
     stream its rows, exactly as the eager batched path does.
     """
 
-    def __init__(self, decoder: Code2WavDecoder, frame_counts: Sequence[int], batch_sizes: Sequence[int]):
+    def __init__(self, decoder: Code2WavDecoder, shapes: Sequence[tuple[int, int]]):
         self.decoder = decoder
-        self.frame_counts = frozenset(frame_counts)
-        self.batch_sizes = sorted(set(batch_sizes))
-        self.max_batch = self.batch_sizes[-1]      # lower it to keep larger batches eager (benchmarks)
+        self.buckets: dict[int, list[int]] = {}        # frames -> batch buckets captured for it
+        for b, n in shapes:
+            self.buckets.setdefault(n, []).append(b)
+        for sizes in self.buckets.values():
+            sizes.sort()
+        self.max_batch = max(b for b, _ in shapes)    # lower it to keep larger batches eager (benchmarks)
         self.pool = self._new_pool()
         self._states: dict[int, DecoderStreamState] = {}
         self._graphs: dict[tuple[int, int], tuple] = {}
         with torch.inference_mode():
-            for b in reversed(self.batch_sizes):            # largest first: smaller reuse the pool
-                for n in sorted(self.frame_counts, reverse=True):
-                    self._capture(b, n)
+            for b, n in sorted(set(shapes), key=lambda s: (-s[0] * s[1], -s[0])):   # largest first: smaller reuse the pool
+                self._capture(b, n)
 
     def covers(self, batch: int, frames: int) -> bool:
-        return frames in self.frame_counts and batch <= self.max_batch
+        sizes = self.buckets.get(frames)
+        return bool(sizes) and batch <= min(sizes[-1], self.max_batch)
 
     def _capture(self, b: int, n: int) -> None:
         decoder = self.decoder
@@ -778,7 +782,7 @@ class _DecoderGraphs:
 
     def run(self, codes: Tensor, states: Sequence[DecoderStreamState]) -> tuple[Tensor, DecoderStreamState]:
         batch, n = codes.shape[0], codes.shape[1]
-        b = next(size for size in self.batch_sizes if size >= batch)
+        b = next(size for size in self.buckets[n] if size >= batch)
         replay, codes_in, state_in, wav, next_state = self._graphs[(b, n)]
         codes_in[:batch].copy_(codes)
         for slot, dst in enumerate(state_in.buffers):
