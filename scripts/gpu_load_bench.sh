@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/bench_out}; mkdir -p "$OUT"
 CK=/tmp/ckpt; mkdir -p $CK
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "from tts_engine.tools.demo_checkpoint import build_demo_checkpoint as b; b('$CK/tts_bench_1.7b_custom_voice', 'custom_voice', shape='1.7b', progress=False)"
-B="python3 -m tts_engine.tools.bench --demo 1.7b --demo-dir $CK --frames ${FRAMES:-50}"
+B="python3 -m tts_engine.tools.bench --demo 1.7b --demo-dir $CK --frames ${FRAMES:-50} --gpu-memory-utilization ${GPU_UTIL:-0.3}"
 timeout ${T_MAIN:-420} $B --cold --warmup 2 --arrival poisson --concurrency 16,1,16,20 --requests 40 \
   --closed-levels ${CLOSED:-1,16,64,128} --breakdown --label "load: full start-up warm-up" \
   --json $OUT/load_full.json --markdown $OUT/load_full.md > $OUT/load_full.log 2>&1

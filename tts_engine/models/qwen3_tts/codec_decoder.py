@@ -23,7 +23,9 @@ so states of different streams can be concatenated along the batch dimension and
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -35,6 +37,8 @@ from torch import Tensor, nn
 
 from tts_engine.models.qwen3_tts.config import CheckpointError, read_json
 from tts_engine.models.qwen3_tts.weights import read_prefixed, weights_path
+
+log = logging.getLogger(__name__)
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -210,7 +214,10 @@ class _StepState:
         return self.old[slot]
 
     def write(self, slot: int, value: Tensor) -> None:
-        self.new[slot] = value
+        # A copy, not a view: the context is the tail of a layer's whole input, and a view would keep
+        # that input (up to [B, C, 48000] at the last convolutions) alive as long as the state lives;
+        # in a captured graph it pinned every graph's activations in the pool (the H200 ran out of memory).
+        self.new[slot] = value.clone(memory_format=torch.contiguous_format)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -744,9 +751,13 @@ class _DecoderGraphs:
         self.pool = self._new_pool()
         self._states: dict[int, DecoderStreamState] = {}
         self._graphs: dict[tuple[int, int], tuple] = {}
+        start = time.perf_counter()
         with torch.inference_mode():
             for b, n in sorted(set(shapes), key=lambda s: (-s[0] * s[1], -s[0])):   # largest first: smaller reuse the pool
                 self._capture(b, n)
+        device = decoder.quantizer.tables.device
+        log.info("decoder: %d CUDA graphs captured in %.1f s (%.2f GiB allocated on %s)", len(self._graphs),
+                 time.perf_counter() - start, torch.cuda.memory_allocated(device) / 2**30, device)
 
     def covers(self, batch: int, frames: int) -> bool:
         sizes = self.buckets.get(frames)
