@@ -284,15 +284,19 @@ class TTSEngine:
             fields = {"speaker": self.config.supported_speakers[0]}
         elif kind == "voice_design":
             fields = {"instruct": "A neutral voice."}
-        request = SpeechRequest(text="Warm-up.", do_sample=False, subtalker_do_sample=False,
-                                max_new_tokens=frames + 1, min_new_tokens=frames + 1, **fields)
+        # Sampled, as users' requests are (the sampling kernels and the predictor's sampled graphs are
+        # what a greedy warm-up never meets), then one greedy request for the greedy paths.
+        sampled = SpeechRequest(text="Warm-up.", max_new_tokens=frames + 1, min_new_tokens=frames + 1,
+                                **fields)
+        greedy = dataclasses.replace(sampled, do_sample=False, subtalker_do_sample=False)
 
-        def run() -> None:
+        def run(request: SpeechRequest) -> None:
             for _ in self.stream(request):
                 pass
 
+        run(greedy)
         for size in batch_sizes:
-            threads = [threading.Thread(target=run, name="tts-warmup") for _ in range(size)]
+            threads = [threading.Thread(target=run, args=(sampled,), name="tts-warmup") for _ in range(size)]
             for thread in threads:
                 thread.start()
             for thread in threads:

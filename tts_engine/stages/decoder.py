@@ -9,9 +9,9 @@ same length; each request's chunks are always decoded in order.
 
 On CUDA the decoder runs on its own stream, so its kernels overlap the talker's instead of queueing
 behind them on the default stream; a chunk's codes carry an event recorded where they were made.
-Steps replay CUDA graphs (`Code2WavDecoder.enable_cuda_graphs`) for every chunk size of the schedule
-and batch buckets up to `max_batch_size`, and each round decodes the smallest chunks first, so a new
-request's first chunk does not wait behind other streams' 25-frame chunks.
+Steps replay CUDA graphs (`Code2WavDecoder.enable_cuda_graphs`) for every chunk size and remainder and
+batch buckets up to what a call may hold, and each round is one call on the smallest pending chunks, so
+a new request's first chunk waits for at most one call, not behind every stream's 25-frame chunks.
 
 Threads: commands (`open`, `put`, `abort`, `barrier`) come from any thread through one queue; only
 the `tts-stage1` thread touches `_streams` and the decoder; `on_output` callbacks run on it.
@@ -153,16 +153,19 @@ class AsyncDecodingPipeline:
             stream.history = context.to(self.device)
 
     def _decode_round(self) -> None:
-        """Decode the oldest pending chunk of every stream, batching equal lengths."""
-        ready = [(rid, s, s.pending.pop(0)) for rid, s in list(self._streams.items()) if s.pending]
+        """Decode one call's worth: among the streams' oldest pending chunks, the group with the fewest
+        new frames (a new request's first chunk first: time to first audio), up to `batch_limit` of them.
+        One call per round, so the loop takes new commands between calls and a first chunk that arrives
+        while big chunks are being decoded waits for one call, not for a whole round of them."""
         groups: dict[int, list] = {}
-        for item in ready:
-            groups.setdefault(item[2].new_frames, []).append(item)
-        for frames, items in sorted(groups.items()):    # small (first) chunks first: time to first audio
-            size = self.batch_limit(frames)
-            for start in range(0, len(items), size):
-                batch = items[start:start + size]
-                self._decode_batch(batch, frames)
+        for rid, stream in self._streams.items():
+            if stream.pending:
+                groups.setdefault(stream.pending[0].new_frames, []).append((rid, stream))
+        if not groups:
+            return
+        frames = min(groups)
+        batch = [(rid, stream, stream.pending.pop(0)) for rid, stream in groups[frames][:self.batch_limit(frames)]]
+        self._decode_batch(batch, frames)
 
     def _decode_batch(self, batch: list, frames: int) -> None:
         """Decode and deliver; a failing batch is retried one stream at a time, so a bad request fails
