@@ -15,6 +15,7 @@ timeout ${T_MAIN:-420} $B --cold --warmup 2 --arrival poisson --concurrency 16,1
   --closed-levels ${CLOSED:-1,16,64,128} --breakdown --label "load: full start-up warm-up" \
   --json $OUT/load_full.json --markdown $OUT/load_full.md > $OUT/load_full.log 2>&1
 echo "== full rc=$?"; grep -E '^\||Traceback|Error|warm-up' $OUT/load_full.log | tail -40
+[ "${VARIANT:-1}" = 1 ] || exit 0
 timeout ${T_VARIANT:-240} $B --cold --warmup 0 --startup-warmup single --arrival poisson --concurrency 16 --requests 40 \
   --label "load: one-request start-up warm-up (variant)" \
   --json $OUT/load_single.json --markdown $OUT/load_single.md > $OUT/load_single.log 2>&1
