@@ -518,7 +518,7 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
             finally:
                 apply_variant(engine, previous)
         if args.closed_levels:                  # a second load shape on the same engine
-            closed = argparse.Namespace(**{**vars(args), "arrival": "closed"})
+            closed = argparse.Namespace(**{**vars(args), "arrival": "closed", "requests": None})   # 2 x level each
             for level in [int(x) for x in args.closed_levels.split(",")]:
                 results, wall = await run_level(engine, closed, level, voice, index)
                 index += len(results)
