@@ -393,15 +393,18 @@ GOOD = {"input": "Hello.", "voice": "alice"}
     ({"voice": "nobody"}, "voice", "unknown_voice"),
     ({"voice": None}, "voice", "voice_required"),
     ({"language": "klingon"}, "language", "unsupported_language"),
-    ({"response_format": "opus"}, "response_format", "unsupported_response_format"),
-    ({"response_format": "mp3", "stream": True}, "response_format", "unsupported_response_format"),
-    ({"response_format": "flac", "stream_format": "sse"}, "response_format", "unsupported_response_format"),
+    ({"response_format": "wma"}, "response_format", "unsupported_response_format"),
+    ({"response_format": "ulaw", "sample_rate": 24000}, "sample_rate", "unsupported_sample_rate"),
+    ({"response_format": "pcm", "sample_rate": 11025, "stream": True}, "sample_rate", "unsupported_sample_rate"),
+    ({"response_format": "opus", "sample_rate": 44100}, "sample_rate", "unsupported_sample_rate"),
     ({"stream_format": "websocket"}, "stream_format", "unsupported_stream_format"),
     ({"speed": 1.5}, "speed", "unsupported_speed"),
     ({"input": 42}, "input", "invalid_value"),
     ({"max_new_tokens": 0}, "max_new_tokens", "invalid_value"),
     ({"max_new_tokens": 10**6}, "max_new_tokens", "invalid_value"),
     ({"stream": "sometimes"}, "stream", "invalid_value"),
+    ({"stream": "yes"}, "stream", "invalid_value"),    # strict booleans: OpenAI's SDK sends JSON true/false
+    ({"stream": 1}, "stream", "invalid_value"),
 ], ids=lambda v: json.dumps(v)[:40] if isinstance(v, dict) else None)
 def test_bad_speech_requests_get_400_naming_the_field(client, alice, change, param, code):
     _error(client.post(SPEECH, json={**GOOD, **change}), 400, param, code)
@@ -478,7 +481,8 @@ def test_openapi_documents_the_routes(client):
     assert {"400", "503"} <= set(speech["responses"]) and "422" not in speech["responses"]
     assert speech["requestBody"]["content"]["application/json"]["examples"]
     schema = spec["components"]["schemas"]["SpeechCreateRequest"]
-    assert schema["properties"]["response_format"]["enum"] == ["wav", "pcm", "flac", "mp3"]
+    assert schema["properties"]["response_format"]["enum"] == ["wav", "pcm", "flac", "mp3", "opus", "aac", "ulaw", "alaw"]
+    assert "sample_rate" in schema["properties"]
     create = paths[VOICES]["post"]
     assert {"201", "409", "413"} <= set(create["responses"])
     assert "multipart/form-data" in create["requestBody"]["content"]

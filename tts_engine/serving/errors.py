@@ -24,6 +24,7 @@ from tts_engine.request import (
     StreamFailed,
     UnsupportedLanguage,
 )
+from tts_engine.serving.metrics import count_error
 from tts_engine.serving.voice_library import VoiceLibraryError
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ STATUS: dict[str, int] = {
     "invalid_json": 400, "missing_body": 400, "missing_field": 400, "invalid_value": 400,
     "invalid_request": 400, "empty_input": 400, "input_too_long": 400, "unsupported_speed": 400,
     "unsupported_language": 400, "unsupported_response_format": 400, "unsupported_stream_format": 400,
+    "unsupported_sample_rate": 400,
     "unknown_voice": 400, "voice_required": 400, "incompatible_voice": 400, "instructions_required": 400,
     "invalid_voice_name": 400, "invalid_voice_request": 400, "invalid_audio": 400, "audio_silent": 400,
     "audio_too_short": 400, "transcript_too_long": 400, "cloning_unsupported": 400,
@@ -66,7 +68,13 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
+        count_error(self.code)
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+    def in_band(self) -> dict:
+        """The body of an error reported inside a stream already answered (an SSE event), counted."""
+        count_error(self.code)
+        return self.body()
 
 
 def translate(exc: BaseException) -> ApiError:
@@ -276,4 +284,4 @@ def _reshaped(status: int, body: bytes) -> bytes:
         return body
     detail = data["detail"] if isinstance(data["detail"], str) else json.dumps(data["detail"])
     error = _http_error(status, detail, None)
-    return json.dumps(error.body()).encode()
+    return json.dumps(error.in_band()).encode()

@@ -7,11 +7,12 @@ Gradio UI to it. No Gradio or fastrtc here.
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from tts_engine.serving.api import speech_router, voices_router
 from tts_engine.serving.errors import ApiError, Slots, install_error_handlers
 from tts_engine.serving.lifecycle import READY, Lifecycle
+from tts_engine.serving.metrics import CONTENT_TYPE, engine_registry, exposition
 from tts_engine.serving.realtime import SessionLookup, realtime_router
 from tts_engine.serving.settings import ServingSettings
 from tts_engine.serving.voice_library import VoiceLibrary
@@ -62,5 +63,14 @@ def build_api(engine, library: VoiceLibrary, settings: ServingSettings | None = 
         message = lifecycle.why_not_ready() if not lifecycle.ready else "the engine stopped working"
         return JSONResponse({"status": lifecycle.state, "message": message}, status_code=503,
                             headers={"Retry-After": "2"})
+
+    registry = engine_registry(engine)
+
+    @app.get("/metrics", tags=["meta"], summary="Prometheus metrics", response_class=Response,
+             description="Time to first audio and real-time factor histograms, active streams, frames and audio "
+                         "seconds produced, WebRTC playback underruns, each stage's queue depth, errors by code "
+                         "(Prometheus text format; the series are listed in `tts_engine/serving/metrics.py`).")
+    async def metrics() -> Response:
+        return Response(exposition(registry), media_type=CONTENT_TYPE)
 
     return app
