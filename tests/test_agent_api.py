@@ -3,6 +3,7 @@ over HTTP (file, stream) and SSE."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -141,3 +142,216 @@ def test_opus_file_is_ogg_opus(client):
     assert r.content[:4] == b"OggS" and b"OpusHead" in r.content[:200]
     info = sf.info(io.BytesIO(r.content))
     assert info.format == "OGG" and info.subtype == "OPUS"
+
+
+# ---------------------------------------------------------------------------------------------------
+# The WebSocket /v1/audio/speech/stream
+# ---------------------------------------------------------------------------------------------------
+
+WS_PATH = "/v1/audio/speech/stream"
+WAIT_S = 120     # a generous bound on waiting for one event (never reached unless something hangs)
+
+
+class Socket:
+    """A test client for the socket's JSON events (websockets' asyncio client)."""
+
+    def __init__(self, ws):
+        self.ws = ws
+        self.events: list[dict] = []
+
+    async def send(self, **message) -> None:
+        await self.ws.send(json.dumps(message))
+
+    async def next(self) -> dict:
+        event = json.loads(await asyncio.wait_for(self.ws.recv(), WAIT_S))
+        self.events.append(event)
+        return event
+
+    async def until(self, type_: str, context_id: str | None = None, code: str | None = None) -> dict:
+        """Events up to (and including) the first of `type_` (for `context_id`, with `code`)."""
+        while True:
+            event = await self.next()
+            if event["type"] == type_ and context_id in (None, event.get("context_id")) and \
+                    code in (None, event.get("code")):
+                return event
+
+    def audio(self, context_id: str) -> bytes:
+        return b"".join(base64.b64decode(e["audio"]) for e in self.events
+                        if e["type"] == "audio" and e["context_id"] == context_id)
+
+
+def _ws(server, scenario):
+    """Run `scenario(socket)` against a fresh socket."""
+    from websockets.asyncio.client import connect
+
+    async def main():
+        async with connect(server.url.replace("http://", "ws://") + WS_PATH, max_size=None) as ws:
+            return await scenario(Socket(ws))
+
+    return asyncio.run(main())
+
+
+async def _with(s: Socket, coroutine):
+    return (s, *await coroutine)
+
+
+def test_ws_speech_starts_at_the_first_complete_clause_and_ends_with_done(server):
+    async def scenario(s: Socket):
+        await s.send(type="start", context_id="turn-1", voice="alice", language="english",
+                     response_format="pcm", sample_rate=16000)
+        await s.send(type="text", context_id="turn-1", text="Hello there, this is the first")
+        await s.send(type="text", context_id="turn-1", text=" sentence. And the second")
+        first = await s.until("audio", "turn-1")          # before `end`: the first clause is being spoken
+        await s.send(type="text", context_id="turn-1", text=" one comes last.")
+        await s.send(type="end", context_id="turn-1")
+        return first, await s.until("done", "turn-1")
+
+    s, first, done = _ws(server, lambda s: _with(s, scenario(s)))
+    assert first["sample_rate"] == 16000 and first["format"] == "pcm"
+    assert done["cancelled"] is False
+    m = done["metrics"]
+    assert m["clauses"] == 2 and [c["text"] for c in m["per_clause"]] == [
+        "Hello there, this is the first sentence.", "And the second one comes last."]
+    pcm = np.frombuffer(s.audio("turn-1"), "<i2")
+    assert len(pcm) == round(m["audio_seconds"] * 16000) == m["frames"] * HOP * 2 // 3
+    assert m["time_to_first_audio_ms"] > 0 and np.abs(pcm).max() > 0
+    assert not [e for e in s.events if e["type"] == "error"]
+
+
+def test_ws_several_contexts_run_at_once_each_in_its_format(server):
+    async def scenario(s: Socket):
+        await s.send(type="start", context_id="a", voice="alice", response_format="ulaw")
+        await s.send(type="start", context_id="b", voice="nova", response_format="pcm")   # nova: an alias of alice
+        await s.send(type="text", context_id="a", text="Phone audio for the first caller.")
+        await s.send(type="text", context_id="b", text="Studio audio for the second one.")
+        await s.send(type="end", context_id="a")
+        await s.send(type="end", context_id="b")
+        dones = {}
+        while len(dones) < 2:
+            event = await s.until("done")
+            dones[event["context_id"]] = event
+        return s, dones
+
+    s, dones = _ws(server, scenario)
+    assert {e["format"] for e in s.events if e["type"] == "audio" and e["context_id"] == "a"} == {"ulaw"}
+    assert {e["sample_rate"] for e in s.events if e["type"] == "audio" and e["context_id"] == "b"} == {24000}
+    assert len(s.audio("a")) == round(dones["a"]["metrics"]["audio_seconds"] * 8000) > 0
+    assert len(s.audio("b")) == 2 * round(dones["b"]["metrics"]["audio_seconds"] * 24000) > 0
+    starts = [i for i, e in enumerate(s.events) if e["type"] == "audio"]
+    owners = [s.events[i]["context_id"] for i in starts]
+    assert owners.index("b") < len(owners) - owners[::-1].index("a") - 1, "the two contexts' audio interleaves"
+
+
+def test_ws_flush_speaks_what_is_buffered_and_the_context_goes_on(server):
+    async def scenario(s: Socket):
+        await s.send(type="start", context_id="c", voice="alice")
+        await s.send(type="text", context_id="c", text="no punctuation at all")
+        await s.send(type="flush", context_id="c")
+        await s.until("audio", "c")
+        await s.send(type="text", context_id="c", text="and then some more")
+        await s.send(type="end", context_id="c")
+        return await s.until("done", "c")
+
+    done = _ws(server, scenario)
+    assert [c["text"] for c in done["metrics"]["per_clause"]] == ["no punctuation at all", "and then some more"]
+
+
+def test_ws_cancel_stops_at_once_and_the_socket_stays_open(server, aborts):
+    server.settings.max_new_tokens = 200     # long enough to be cancelled mid-clause
+
+    async def scenario(s: Socket):
+        await s.send(type="start", context_id="long", voice="alice")
+        await s.send(type="text", context_id="long", text="A long clause that is interrupted by the listener. And")
+        await s.until("audio", "long")
+        await s.send(type="cancel", context_id="long")
+        done = await s.until("done", "long")
+        after = len(s.events)
+        server.settings.max_new_tokens = FRAMES
+        await s.send(type="start", context_id="next", voice="alice")
+        await s.send(type="text", context_id="next", text="Still here.")
+        await s.send(type="end", context_id="next")
+        await s.until("done", "next")
+        return s, done, after
+
+    try:
+        s, done, after = _ws(server, scenario)
+    finally:
+        server.settings.max_new_tokens = FRAMES
+    assert done["cancelled"] is True
+    assert not [e for e in s.events[after:] if e.get("context_id") == "long"], "audio after the cancel's done"
+    assert len(aborts) == 1, aborts
+    assert len(s.audio("next")) > 0
+
+
+@pytest.fixture
+def aborts(engine, monkeypatch):
+    """Request ids the engine was asked to abort during the test."""
+    seen: list[str] = []
+    original = engine.abort
+
+    def spy(request_id):
+        seen.append(request_id)
+        original(request_id)
+
+    monkeypatch.setattr(engine, "abort", spy)
+    return seen
+
+
+def test_ws_bad_input_gets_an_error_event_each_and_everything_else_goes_on(server, monkeypatch):
+    monkeypatch.setattr(server.settings, "ws_max_contexts", 3)
+    monkeypatch.setattr(server.settings, "ws_max_message_bytes", 4096)
+
+    async def scenario(s: Socket):
+        # a context that keeps speaking while the mistakes arrive
+        await s.send(type="start", context_id="good", voice="alice", response_format="pcm", sample_rate=8000)
+        await s.send(type="text", context_id="good", text="This context keeps talking. Through every mistake")
+        errors = []
+
+        async def mistake(raw, code: str, context_id: str | None = None):
+            await (s.ws.send(raw) if isinstance(raw, (str, bytes)) else s.send(**raw))
+            error = await s.until("error")
+            errors.append(error)
+            assert error["code"] == code and error["message"], error
+            assert error.get("context_id") == context_id, error
+
+        await mistake("{not json", "invalid_json")
+        await mistake(b"\x00\x01binary", "invalid_message")
+        await mistake("[1, 2]", "invalid_message")
+        await mistake({"type": "speak", "context_id": "good"}, "unknown_message_type", "good")
+        await mistake({"context_id": "good", "text": "no type"}, "unknown_message_type", "good")
+        await mistake({"type": "text", "text": "whose?"}, "missing_field")
+        await mistake({"type": "text", "context_id": "early", "text": "Too soon."}, "context_not_started", "early")
+        await mistake({"type": "flush", "context_id": "nobody-knows"}, "unknown_context", "nobody-knows")
+        await mistake({"type": "cancel", "context_id": "nobody-knows"}, "unknown_context", "nobody-knows")
+        await mistake(json.dumps({"type": "text", "context_id": "good", "text": "x" * 5000}), "message_too_large")
+        await mistake({"type": "text", "context_id": "good", "text": 42}, "invalid_value", "good")
+        await mistake({"type": "start", "context_id": "v", "voice": "nobody"}, "unknown_voice", "v")
+        await mistake({"type": "start", "context_id": "f", "voice": "alice", "response_format": "wma"},
+                      "unsupported_response_format", "f")
+        await mistake({"type": "start", "context_id": "r", "voice": "alice", "response_format": "ulaw",
+                       "sample_rate": 16000}, "unsupported_sample_rate", "r")
+        await mistake({"type": "start", "context_id": "r", "voice": "alice", "sample_rate": 11025},
+                      "unsupported_sample_rate", "r")
+        await mistake({"type": "start", "context_id": "l", "voice": "alice", "language": "klingon"},
+                      "unsupported_language", "l")
+        await mistake({"type": "start", "context_id": "good", "voice": "alice"}, "context_exists", "good")
+        await s.send(type="start", context_id="two", voice="alice")
+        await s.send(type="start", context_id="three", voice="alice")
+        await mistake({"type": "start", "context_id": "four", "voice": "alice"}, "too_many_contexts", "four")
+        await s.send(type="cancel", context_id="two")
+        await s.send(type="cancel", context_id="three")
+        await s.send(type="end", context_id="good")
+        await mistake({"type": "text", "context_id": "good", "text": "After the end."}, "context_ended", "good")
+        done = await s.until("done", "good")
+        await mistake({"type": "end", "context_id": "good"}, "unknown_context", "good")
+        # the socket still serves new contexts
+        await s.send(type="start", context_id="after", voice="alice")
+        await s.send(type="text", context_id="after", text="Still serving.")
+        await s.send(type="end", context_id="after")
+        return s, errors, done, await s.until("done", "after")
+
+    s, errors, done, after = _ws(server, scenario)
+    assert done["cancelled"] is False and done["metrics"]["clauses"] == 2
+    assert len(s.audio("good")) == 2 * round(done["metrics"]["audio_seconds"] * 8000) > 0
+    assert after["metrics"]["clauses"] == 1 and s.audio("after")
+    assert all(e["type"] == "error" for e in errors) and len(errors) == 20

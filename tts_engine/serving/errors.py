@@ -39,6 +39,9 @@ STATUS: dict[str, int] = {
     "unknown_voice": 400, "voice_required": 400, "incompatible_voice": 400, "instructions_required": 400,
     "invalid_voice_name": 400, "invalid_voice_request": 400, "invalid_audio": 400, "audio_silent": 400,
     "audio_too_short": 400, "transcript_too_long": 400, "cloning_unsupported": 400,
+    # the WebSocket stream's message mistakes (in-band error events; the status is their kind)
+    "invalid_message": 400, "unknown_message_type": 400, "context_not_started": 400, "unknown_context": 404,
+    "context_exists": 409, "context_ended": 409, "message_too_large": 413, "too_many_contexts": 429,
     # 404 / 405: the URL names nothing
     "voice_not_found": 404, "unknown_session": 404, "route_not_found": 404, "method_not_allowed": 405,
     "client_too_slow": 408,   # only in-band (SSE error event, socket error): the status line was sent already

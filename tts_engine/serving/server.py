@@ -15,6 +15,7 @@ from tts_engine.serving.lifecycle import READY, Lifecycle
 from tts_engine.serving.metrics import CONTENT_TYPE, engine_registry, exposition
 from tts_engine.serving.realtime import SessionLookup, realtime_router
 from tts_engine.serving.settings import ServingSettings
+from tts_engine.serving.stream_socket import stream_router
 from tts_engine.serving.voice_library import VoiceLibrary
 
 
@@ -29,8 +30,9 @@ NEW_WORK = {("POST", "/v1/audio/speech"), ("POST", "/v1/audio/voices"), ("POST",
 
 def build_api(engine, library: VoiceLibrary, settings: ServingSettings | None = None,
               sessions: SessionLookup | None = None, lifecycle: Lifecycle | None = None) -> FastAPI:
-    """The HTTP API (speech, voices), the realtime agent routes over `sessions`, `/healthz` (liveness:
-    the engine's stage threads) and `/readyz` (readiness: warmed up and not shutting down)."""
+    """The HTTP API (speech, voices), the realtime agent routes over `sessions`, the speech WebSocket
+    (`/v1/audio/speech/stream`), `/metrics` (Prometheus), `/healthz` (liveness: the engine's stage threads)
+    and `/readyz` (readiness: warmed up and not shutting down)."""
     settings = settings or ServingSettings()
     lifecycle = lifecycle or Lifecycle(READY)
     app = FastAPI(title="Qwen3-TTS real-time voice", version="1.0",
@@ -48,6 +50,7 @@ def build_api(engine, library: VoiceLibrary, settings: ServingSettings | None = 
     app.include_router(speech_router(engine, library, settings, slots))
     app.include_router(voices_router(engine, library, settings, slots))
     app.include_router(realtime_router(engine, library, settings, sessions or _NoSessions()))
+    app.include_router(stream_router(engine, library, settings, lifecycle))
 
     @app.get("/healthz", tags=["meta"], summary="Liveness: 503 when a stage thread of the engine stopped")
     async def health() -> JSONResponse:
