@@ -28,3 +28,16 @@ def serve_in_thread(app, name: str = "test-server") -> Iterator[str]:
         server.should_exit = True
         thread.join(timeout=30)
         assert not thread.is_alive(), "uvicorn did not shut down"
+
+
+def spy_aborts(engine, monkeypatch) -> list[str]:
+    """Request ids the engine is asked to abort from now on (for the rest of the test)."""
+    seen: list[str] = []
+    original = engine.abort
+
+    def spy(request_id):
+        seen.append(request_id)
+        original(request_id)
+
+    monkeypatch.setattr(engine, "abort", spy)
+    return seen

@@ -18,7 +18,7 @@ import soundfile as sf
 
 from tests.conftest import REFERENCE_TEXT
 from tests.fidelity import engine_fixture
-from tests.live_server import serve_in_thread
+from tests.live_server import serve_in_thread, spy_aborts
 from tts_engine.audio import alaw_decode, ulaw_decode
 from tts_engine.serving.server import build_api
 from tts_engine.serving.settings import ServingSettings
@@ -285,16 +285,7 @@ def test_ws_cancel_stops_at_once_and_the_socket_stays_open(server, aborts):
 
 @pytest.fixture
 def aborts(engine, monkeypatch):
-    """Request ids the engine was asked to abort during the test."""
-    seen: list[str] = []
-    original = engine.abort
-
-    def spy(request_id):
-        seen.append(request_id)
-        original(request_id)
-
-    monkeypatch.setattr(engine, "abort", spy)
-    return seen
+    return spy_aborts(engine, monkeypatch)
 
 
 def test_ws_bad_input_gets_an_error_event_each_and_everything_else_goes_on(server, monkeypatch):
@@ -355,3 +346,76 @@ def test_ws_bad_input_gets_an_error_event_each_and_everything_else_goes_on(serve
     assert len(s.audio("good")) == 2 * round(done["metrics"]["audio_seconds"] * 8000) > 0
     assert after["metrics"]["clauses"] == 1 and s.audio("after")
     assert all(e["type"] == "error" for e in errors) and len(errors) == 20
+
+
+# ---------------------------------------------------------------------------------------------------
+# Prometheus /metrics
+# ---------------------------------------------------------------------------------------------------
+
+def _scrape(client) -> dict[tuple, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(r.text) for sample in family.samples}
+
+
+def test_metrics_count_what_every_transport_did(server, client):
+    from tests.test_speaker import StandInEngine, _play
+
+    before = _scrape(client)
+    assert ("tts_stage_queue_depth", (("stage", "talker"),)) in before
+    assert ("tts_stage_queue_depth", (("stage", "decoder"),)) in before
+
+    # an HTTP file, an SSE stream, a WebSocket context, two mistakes, a WebRTC session that underruns
+    r = client.post(SPEECH, json={"input": "Counted.", "voice": "alice", "response_format": "pcm"})
+    http_frames, http_seconds = int(r.headers["x-frames"]), float(r.headers["x-audio-duration"])
+    with client.stream("POST", SPEECH, json={"input": "Counted too.", "voice": "alice", "stream_format": "sse"}) as r:
+        r.read()
+    assert client.post(SPEECH, json={"input": "Who?", "voice": "nobody"}).status_code == 400
+
+    async def scenario(s: Socket):
+        await s.send(type="start", context_id="m", voice="alice")
+        await s.send(type="start", context_id="x", voice="nobody")
+        await s.until("error", "x")
+        await s.send(type="text", context_id="m", text="One clause.")
+        await s.send(type="end", context_id="m")
+        return await s.until("done", "m")
+
+    ws_done = _ws(server, scenario)
+    underruns = _play(StandInEngine(chunks=4, delay_s=0.25), "Slow. Gaps.").underruns
+    after = _scrape(client)
+
+    def moved(name: str, **labels) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert moved("tts_requests_total", transport="http", outcome="completed") == 1
+    assert moved("tts_requests_total", transport="sse", outcome="completed") == 1
+    assert moved("tts_requests_total", transport="websocket", outcome="completed") == 1
+    assert moved("tts_frames_total", transport="http") == http_frames
+    assert moved("tts_audio_seconds_total", transport="http") == pytest.approx(http_seconds, abs=1e-3)
+    assert moved("tts_frames_total", transport="websocket") == ws_done["metrics"]["frames"]
+    for transport in ("http", "sse", "websocket"):
+        assert moved("tts_time_to_first_audio_seconds_count", transport=transport) == 1
+        assert moved("tts_real_time_factor_count", transport=transport) == 1
+        assert after[("tts_active_streams", (("transport", transport),))] == 0
+    assert moved("tts_errors_total", code="unknown_voice") == 2          # HTTP body + socket event
+    assert moved("tts_playback_underruns_total") == underruns >= 3
+    assert moved("tts_playback_underrun_seconds_total") > 0.1
+
+
+def test_metrics_show_a_stream_while_it_runs(server, client):
+    server.settings.max_new_tokens = 100
+    try:
+        with client.stream("POST", SPEECH, json={"input": "Watch me.", "voice": "alice", "response_format": "pcm",
+                                                 "stream": True}) as r:
+            pieces = r.iter_bytes()    # kept: a dropped iterator closes the response (the server then aborts)
+            next(pieces)
+            during = _scrape(client)
+    finally:
+        server.settings.max_new_tokens = FRAMES
+    assert during[("tts_active_streams", (("transport", "http"),))] == 1
+    assert during[("tts_stage_active_requests", (("stage", "talker"),))] + \
+        during[("tts_stage_active_requests", (("stage", "decoder"),))] >= 1

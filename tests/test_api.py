@@ -16,10 +16,10 @@ import httpx
 import numpy as np
 import pytest
 import soundfile as sf
-import uvicorn
 
 from tests.conftest import REFERENCE_TEXT
 from tests.fidelity import engine_fixture
+from tests.live_server import serve_in_thread, spy_aborts
 from tts_engine.serving.server import build_api
 from tts_engine.serving.settings import ServingSettings
 from tts_engine.serving.voice_library import VoiceLibrary
@@ -44,20 +44,9 @@ def server(engine, tmp_path_factory):
     library = VoiceLibrary(tmp_path_factory.mktemp("api") / "voices", engine.config)
     settings = ServingSettings(max_new_tokens=FRAMES)
     app = build_api(engine, library, settings)
-    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=uv.run, name="api-test-server", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not uv.started:
-        assert thread.is_alive(), "uvicorn exited during start-up"
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)   # waiting for the server socket, not for a result
-    port = uv.servers[0].sockets[0].getsockname()[1]
-    yield SimpleNamespace(url=f"http://127.0.0.1:{port}", port=port, library=library, settings=settings,
-                          slots=app.state.slots, engine=engine)
-    uv.should_exit = True
-    thread.join(timeout=30)
-    assert not thread.is_alive(), "uvicorn did not shut down"
+    with serve_in_thread(app, "api-test-server") as url:
+        yield SimpleNamespace(url=url, port=int(url.rsplit(":", 1)[1]), library=library, settings=settings,
+                              slots=app.state.slots, engine=engine)
 
 
 @pytest.fixture(scope="module")
@@ -77,16 +66,7 @@ def alice(client, reference_clip):
 
 @pytest.fixture
 def aborts(engine, monkeypatch):
-    """Request ids the engine was asked to abort during the test."""
-    seen: list[str] = []
-    original = engine.abort
-
-    def spy(request_id):
-        seen.append(request_id)
-        original(request_id)
-
-    monkeypatch.setattr(engine, "abort", spy)
-    return seen
+    return spy_aborts(engine, monkeypatch)
 
 
 def _error(r: httpx.Response, status: int, param: str | None = "-", code: str | None = "-") -> dict:
