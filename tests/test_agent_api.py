@@ -419,3 +419,17 @@ def test_metrics_show_a_stream_while_it_runs(server, client):
     assert during[("tts_active_streams", (("transport", "http"),))] == 1
     assert during[("tts_stage_active_requests", (("stage", "talker"),))] + \
         during[("tts_stage_active_requests", (("stage", "decoder"),))] >= 1
+
+
+def test_openai_voice_names_resolve_through_the_alias_table(client):
+    r = client.post(SPEECH, json={"input": "Aliased.", "voice": "NOVA", "response_format": "pcm"})
+    assert r.status_code == 200 and r.headers["x-voice"] == "alice"
+    r = client.post(SPEECH, json={"input": "Not aliased.", "voice": "alloy"})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["code"] == "unknown_voice" and "TTS_VOICE_ALIASES" in err["message"]
+
+
+def test_aliases_from_the_environment():
+    from tts_engine.serving.settings import aliases_from_env
+
+    assert aliases_from_env(" Alloy = sample , nova=Alice,bad, =x") == {"alloy": "sample", "nova": "Alice"}
