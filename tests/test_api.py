@@ -16,10 +16,10 @@ import httpx
 import numpy as np
 import pytest
 import soundfile as sf
-import uvicorn
 
 from tests.conftest import REFERENCE_TEXT
 from tests.fidelity import engine_fixture
+from tests.live_server import serve_in_thread, spy_aborts
 from tts_engine.serving.server import build_api
 from tts_engine.serving.settings import ServingSettings
 from tts_engine.serving.voice_library import VoiceLibrary
@@ -44,20 +44,9 @@ def server(engine, tmp_path_factory):
     library = VoiceLibrary(tmp_path_factory.mktemp("api") / "voices", engine.config)
     settings = ServingSettings(max_new_tokens=FRAMES)
     app = build_api(engine, library, settings)
-    uv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=uv.run, name="api-test-server", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not uv.started:
-        assert thread.is_alive(), "uvicorn exited during start-up"
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)   # waiting for the server socket, not for a result
-    port = uv.servers[0].sockets[0].getsockname()[1]
-    yield SimpleNamespace(url=f"http://127.0.0.1:{port}", port=port, library=library, settings=settings,
-                          slots=app.state.slots, engine=engine)
-    uv.should_exit = True
-    thread.join(timeout=30)
-    assert not thread.is_alive(), "uvicorn did not shut down"
+    with serve_in_thread(app, "api-test-server") as url:
+        yield SimpleNamespace(url=url, port=int(url.rsplit(":", 1)[1]), library=library, settings=settings,
+                              slots=app.state.slots, engine=engine)
 
 
 @pytest.fixture(scope="module")
@@ -77,16 +66,7 @@ def alice(client, reference_clip):
 
 @pytest.fixture
 def aborts(engine, monkeypatch):
-    """Request ids the engine was asked to abort during the test."""
-    seen: list[str] = []
-    original = engine.abort
-
-    def spy(request_id):
-        seen.append(request_id)
-        original(request_id)
-
-    monkeypatch.setattr(engine, "abort", spy)
-    return seen
+    return spy_aborts(engine, monkeypatch)
 
 
 def _error(r: httpx.Response, status: int, param: str | None = "-", code: str | None = "-") -> dict:
@@ -393,15 +373,18 @@ GOOD = {"input": "Hello.", "voice": "alice"}
     ({"voice": "nobody"}, "voice", "unknown_voice"),
     ({"voice": None}, "voice", "voice_required"),
     ({"language": "klingon"}, "language", "unsupported_language"),
-    ({"response_format": "opus"}, "response_format", "unsupported_response_format"),
-    ({"response_format": "mp3", "stream": True}, "response_format", "unsupported_response_format"),
-    ({"response_format": "flac", "stream_format": "sse"}, "response_format", "unsupported_response_format"),
+    ({"response_format": "wma"}, "response_format", "unsupported_response_format"),
+    ({"response_format": "ulaw", "sample_rate": 24000}, "sample_rate", "unsupported_sample_rate"),
+    ({"response_format": "pcm", "sample_rate": 11025, "stream": True}, "sample_rate", "unsupported_sample_rate"),
+    ({"response_format": "opus", "sample_rate": 44100}, "sample_rate", "unsupported_sample_rate"),
     ({"stream_format": "websocket"}, "stream_format", "unsupported_stream_format"),
     ({"speed": 1.5}, "speed", "unsupported_speed"),
     ({"input": 42}, "input", "invalid_value"),
     ({"max_new_tokens": 0}, "max_new_tokens", "invalid_value"),
     ({"max_new_tokens": 10**6}, "max_new_tokens", "invalid_value"),
     ({"stream": "sometimes"}, "stream", "invalid_value"),
+    ({"stream": "yes"}, "stream", "invalid_value"),    # strict booleans: OpenAI's SDK sends JSON true/false
+    ({"stream": 1}, "stream", "invalid_value"),
 ], ids=lambda v: json.dumps(v)[:40] if isinstance(v, dict) else None)
 def test_bad_speech_requests_get_400_naming_the_field(client, alice, change, param, code):
     _error(client.post(SPEECH, json={**GOOD, **change}), 400, param, code)
@@ -478,7 +461,8 @@ def test_openapi_documents_the_routes(client):
     assert {"400", "503"} <= set(speech["responses"]) and "422" not in speech["responses"]
     assert speech["requestBody"]["content"]["application/json"]["examples"]
     schema = spec["components"]["schemas"]["SpeechCreateRequest"]
-    assert schema["properties"]["response_format"]["enum"] == ["wav", "pcm", "flac", "mp3"]
+    assert schema["properties"]["response_format"]["enum"] == ["wav", "pcm", "flac", "mp3", "opus", "aac", "ulaw", "alaw"]
+    assert "sample_rate" in schema["properties"]
     create = paths[VOICES]["post"]
     assert {"201", "409", "413"} <= set(create["responses"])
     assert "multipart/form-data" in create["requestBody"]["content"]

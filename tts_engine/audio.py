@@ -26,6 +26,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,10 @@ __all__ = [
     "MIME_TYPES",
     "AudioError",
     "AudioSource",
+    "StreamEncoder",
+    "StreamingResampler",
+    "alaw_decode",
+    "alaw_encode",
     "check_reference_clip",
     "duration_s",
     "encode_audio",
@@ -47,6 +52,8 @@ __all__ = [
     "peak_dbfs",
     "resample",
     "to_mono",
+    "ulaw_decode",
+    "ulaw_encode",
     "validate_waveform",
 ]
 
@@ -54,8 +61,10 @@ __all__ = [
 #: ``(array, sr)`` (also ``(sr, array)``, the order Gradio's audio component uses).
 AudioSource = str | os.PathLike | bytes | bytearray | tuple
 
-#: Container formats :func:`encode_audio` can produce; ``pcm`` is headerless int16 little-endian.
-ENCODE_FORMATS: tuple[str, ...] = ("wav", "pcm", "flac", "mp3")
+#: Formats :func:`encode_audio` and :class:`StreamEncoder` produce. ``pcm`` is headerless int16
+#: little-endian; ``ulaw`` / ``alaw`` are headerless G.711 bytes (one per sample); ``opus`` is Ogg Opus;
+#: ``aac`` is AAC-LC in ADTS frames.
+ENCODE_FORMATS: tuple[str, ...] = ("wav", "pcm", "flac", "mp3", "opus", "aac", "ulaw", "alaw")
 
 #: Content types for HTTP responses, keyed like :data:`ENCODE_FORMATS`.
 MIME_TYPES: dict[str, str] = {
@@ -63,12 +72,23 @@ MIME_TYPES: dict[str, str] = {
     "pcm": "audio/L16",
     "flac": "audio/flac",
     "mp3": "audio/mpeg",
+    "opus": "audio/ogg",
+    "aac": "audio/aac",
+    "ulaw": "audio/basic",
+    "alaw": "audio/x-alaw-basic",
+}
+
+#: Sample rates each codec can carry (None: any). Opus runs at 8/12/16/24/48 kHz only.
+CODEC_RATES: dict[str, frozenset[int] | None] = {
+    "opus": frozenset({8000, 12000, 16000, 24000, 48000}),
+    "aac": frozenset({8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000}),
+    "mp3": frozenset({8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000}),
 }
 
 # More channels than this along both axes means we cannot tell samples from channels.
 _MAX_CHANNELS = 16
 # Sample rates an MPEG-1/2/2.5 layer III stream can carry.
-_MP3_RATES = frozenset({8000, 11025, 12000, 16000, 22050, 24000, 32000, 44100, 48000})
+_MP3_RATES = CODEC_RATES["mp3"]
 
 
 class AudioError(ValueError):
@@ -263,32 +283,46 @@ def int16_to_float(pcm: np.ndarray) -> np.ndarray:
 
 
 def encode_audio(wav: np.ndarray, sr: int, fmt: str = "wav") -> bytes:
-    """Encode a mono float waveform as 16-bit ``wav``, ``flac``, ``mp3`` or raw ``pcm`` (int16 LE).
+    """Encode a mono float waveform as one file in any of :data:`ENCODE_FORMATS`.
 
     All formats quantize with :func:`float_to_int16` first, so lossless outputs decode to exactly
     those int16 values. MP3 goes through libsndfile's LAME encoder when the bundled libsndfile has
     it (>= 1.1), otherwise through PyAV's libmp3lame; both write a gapless header so decoders return
-    the original length.
+    the original length. Opus (Ogg) and AAC (ADTS) go through PyAV, as :class:`StreamEncoder` does.
+    No resampling happens here: `sr` must be one the codec carries (:data:`CODEC_RATES`).
     """
-    fmt = fmt.lower().lstrip(".")
-    if fmt not in ENCODE_FORMATS:
-        raise AudioError(f"unsupported output format {fmt!r}; choose one of {', '.join(ENCODE_FORMATS)}")
-    sr = int(sr)
-    if sr <= 0:
-        raise AudioError(f"invalid sample rate: {sr}")
+    fmt = _check_format(fmt, sr)
     wav = np.asarray(wav)
     if wav.ndim != 1:
         raise AudioError(f"encode_audio expects a mono 1-D waveform, got shape {wav.shape}")
     pcm = float_to_int16(wav)
+    sr = int(sr)
     if fmt == "pcm":
         return pcm.astype("<i2").tobytes()
+    if fmt == "ulaw":
+        return ulaw_encode(pcm).tobytes()
+    if fmt == "alaw":
+        return alaw_encode(pcm).tobytes()
     if fmt == "mp3":
-        if sr not in _MP3_RATES:
-            raise AudioError(f"mp3 cannot carry {sr} Hz; resample to one of {sorted(_MP3_RATES)}")
         if "MP3" in sf.available_formats():
             return _encode_soundfile(pcm, sr, "MP3", "MPEG_LAYER_III")
         return _encode_mp3_pyav(pcm, sr)
+    if fmt in ("opus", "aac"):
+        encoder = StreamEncoder(fmt, sr)
+        return encoder.push(wav) + encoder.finish()
     return _encode_soundfile(pcm, sr, fmt.upper(), "PCM_16")
+
+
+def _check_format(fmt: str, sr: int) -> str:
+    fmt = fmt.lower().lstrip(".")
+    if fmt not in ENCODE_FORMATS:
+        raise AudioError(f"unsupported output format {fmt!r}; choose one of {', '.join(ENCODE_FORMATS)}")
+    if int(sr) <= 0:
+        raise AudioError(f"invalid sample rate: {sr}")
+    rates = CODEC_RATES.get(fmt)
+    if rates is not None and int(sr) not in rates:
+        raise AudioError(f"{fmt} cannot carry {sr} Hz; resample to one of {sorted(rates)}")
+    return fmt
 
 
 def _encode_soundfile(pcm: np.ndarray, sr: int, container: str, subtype: str) -> bytes:
@@ -311,6 +345,226 @@ def _encode_mp3_pyav(pcm: np.ndarray, sr: int) -> bytes:
         for packet in stream.encode(None):
             out.mux(packet)
     return buf.getvalue()
+
+
+# --------------------------------------------------------------------------------------------
+# G.711 (ITU-T): mu-law and A-law, the telephony codecs (8 kHz, one byte per sample)
+# --------------------------------------------------------------------------------------------
+# Bit-exact with the reference C code (Sun's g711.c, as in CPython's audioop): mu-law quantizes the
+# top 14 bits of a 16-bit sample, A-law the top 13.
+
+_ULAW_SEG_END = np.array([0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF, 0x1FFF], np.int32)
+_ALAW_SEG_END = np.array([0x1F, 0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF], np.int32)
+
+
+def ulaw_encode(pcm: np.ndarray) -> np.ndarray:
+    """int16 PCM -> G.711 mu-law bytes (uint8)."""
+    val = np.asarray(pcm, dtype=np.int16).astype(np.int32) >> 2
+    mask = np.where(val < 0, 0x7F, 0xFF)
+    val = np.minimum(np.abs(val), 8159) + (0x84 >> 2)
+    seg = np.searchsorted(_ULAW_SEG_END, val, side="left")
+    uval = (np.minimum(seg, 7) << 4) | ((val >> (np.minimum(seg, 7) + 1)) & 0xF)
+    uval = np.where(seg >= 8, 0x7F, uval)
+    return (uval ^ mask).astype(np.uint8)
+
+
+def alaw_encode(pcm: np.ndarray) -> np.ndarray:
+    """int16 PCM -> G.711 A-law bytes (uint8)."""
+    val = np.asarray(pcm, dtype=np.int16).astype(np.int32) >> 3
+    mask = np.where(val >= 0, 0xD5, 0x55)
+    val = np.where(val >= 0, val, -val - 1)
+    seg = np.searchsorted(_ALAW_SEG_END, val, side="left")
+    shift = np.where(seg < 2, 1, np.minimum(seg, 7))
+    aval = (np.minimum(seg, 7) << 4) | ((val >> shift) & 0xF)
+    aval = np.where(seg >= 8, 0x7F, aval)
+    return (aval ^ mask).astype(np.uint8)
+
+
+def _ulaw_table() -> np.ndarray:
+    u = ~np.arange(256, dtype=np.int32) & 0xFF
+    t = (((u & 0x0F) << 3) + 0x84) << ((u & 0x70) >> 4)
+    return np.where(u & 0x80, 0x84 - t, t - 0x84).astype(np.int16)
+
+
+def _alaw_table() -> np.ndarray:
+    a = np.arange(256, dtype=np.int32) ^ 0x55
+    t = (a & 0x0F) << 4
+    seg = (a & 0x70) >> 4
+    t = np.where(seg == 0, t + 8, t + 0x108)
+    t = np.where(seg > 1, t << np.maximum(seg - 1, 0), t)
+    return np.where(a & 0x80, t, -t).astype(np.int16)
+
+
+_ULAW_TO_PCM = _ulaw_table()
+_ALAW_TO_PCM = _alaw_table()
+
+
+def ulaw_decode(data: bytes | np.ndarray) -> np.ndarray:
+    """G.711 mu-law bytes -> int16 PCM."""
+    return _ULAW_TO_PCM[np.frombuffer(bytes(data), np.uint8) if not isinstance(data, np.ndarray) else data]
+
+
+def alaw_decode(data: bytes | np.ndarray) -> np.ndarray:
+    """G.711 A-law bytes -> int16 PCM."""
+    return _ALAW_TO_PCM[np.frombuffer(bytes(data), np.uint8) if not isinstance(data, np.ndarray) else data]
+
+
+# --------------------------------------------------------------------------------------------
+# Streaming: a resampler and an encoder that keep their state from chunk to chunk
+# --------------------------------------------------------------------------------------------
+
+
+class StreamingResampler:
+    """soxr (the same "HQ" filter as :func:`resample`) fed chunk by chunk.
+
+    The filter's history is carried across `push` calls, so the concatenated output equals one
+    resampling of the concatenated input (chunk boundaries are seamless; measured identical to
+    ``soxr.resample`` on the whole signal). The filter holds back a few milliseconds of output
+    (its delay) until more input arrives or `flush` is called; `flush` ends the signal (emits the
+    tail) and starts afresh, for the end of an utterance.
+    """
+
+    def __init__(self, sr_from: int, sr_to: int):
+        if int(sr_from) <= 0 or int(sr_to) <= 0:
+            raise AudioError(f"invalid sample rates {sr_from} -> {sr_to}")
+        self.sr_from, self.sr_to = int(sr_from), int(sr_to)
+        self._stream = None
+
+    @property
+    def passthrough(self) -> bool:
+        return self.sr_from == self.sr_to
+
+    def push(self, wav: np.ndarray) -> np.ndarray:
+        wav = np.asarray(wav, dtype=np.float32).reshape(-1)
+        if self.passthrough:
+            return wav
+        if not np.isfinite(wav).all():
+            raise AudioError("audio contains NaN or Inf samples")
+        if self._stream is None:
+            import soxr  # lazy, like librosa
+
+            self._stream = soxr.ResampleStream(self.sr_from, self.sr_to, 1, dtype="float32", quality="HQ")
+        return self._stream.resample_chunk(wav) if wav.size else np.zeros(0, np.float32)
+
+    def flush(self) -> np.ndarray:
+        """The held-back tail; the next `push` starts a new signal."""
+        if self._stream is None:
+            return np.zeros(0, np.float32)
+        tail = self._stream.resample_chunk(np.zeros(0, np.float32), last=True)
+        self._stream = None
+        return tail
+
+
+class _Sink:
+    """A write-only file for PyAV: collects what the muxer writes until it is taken."""
+
+    def __init__(self):
+        self.parts: list[bytes] = []
+
+    def write(self, data) -> int:
+        self.parts.append(bytes(data))
+        return len(data)
+
+    def take(self) -> bytes:
+        out, self.parts = b"".join(self.parts), []
+        return out
+
+
+# format -> (PyAV container, codec, muxer options). Streams written to a non-seekable sink: headers
+# that would be patched at the end (mp3's Xing frame, FLAC's sample count) say "unknown length".
+_AV_FORMATS = {
+    "opus": ("ogg", "libopus", {"page_duration": "20000"}),   # one Ogg page per 20 ms: low latency
+    "aac": ("adts", "aac", {}),
+    "mp3": ("mp3", "libmp3lame", {"write_xing": "0", "id3v2_version": "0"}),
+    "flac": ("flac", "flac", {}),
+}
+
+
+class StreamEncoder:
+    """Encode a mono stream chunk by chunk: ``push(float32) -> bytes`` ready now, ``finish()`` the rest.
+
+    The concatenation of everything returned is one valid file/stream of `fmt` at `sr` (no
+    resampling here). ``pcm``/``ulaw``/``alaw`` are returned sample for sample; ``wav`` starts with a
+    header of unknown length (0xFFFFFFFF sizes, as streaming servers send); ``opus`` (Ogg), ``aac``
+    (ADTS), ``mp3`` and ``flac`` go through PyAV's encoders, which hold back up to one codec frame
+    (20 ms for Opus, 1152 samples for MP3) until more audio or `finish`.
+    """
+
+    def __init__(self, fmt: str, sr: int):
+        self.fmt, self.sr = _check_format(fmt, sr), int(sr)
+        self._started = False
+        self._finished = False
+        self._container = self._stream = self._sink = None
+        self._pts = 0
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    def push(self, wav: np.ndarray) -> bytes:
+        if self._finished:
+            raise AudioError("the stream is finished")
+        pcm = float_to_int16(np.asarray(wav, dtype=np.float32).reshape(-1))
+        head = b"" if self._started else self._header()
+        self._started = True
+        if self.fmt in _AV_FORMATS:
+            return head + self._av_push(pcm)
+        if self.fmt == "ulaw":
+            return head + ulaw_encode(pcm).tobytes()
+        if self.fmt == "alaw":
+            return head + alaw_encode(pcm).tobytes()
+        return head + pcm.astype("<i2", copy=False).tobytes()   # pcm, wav
+
+    def finish(self) -> bytes:
+        if self._finished:
+            return b""
+        out = b"" if self._started else self._header()
+        self._started = self._finished = True
+        if self.fmt in _AV_FORMATS:
+            if self._container is None:
+                self._av_open()
+            for packet in self._stream.encode(None):
+                self._container.mux(packet)
+            self._container.close()
+            out += self._sink.take()
+        return out
+
+    def close(self) -> None:
+        """Drop the encoder without finishing the stream (the client went away)."""
+        self._finished = True
+        if self._container is not None:
+            try:
+                self._container.close()
+            except Exception:  # noqa: BLE001 -- best effort: nothing will read this stream
+                pass
+
+    def _header(self) -> bytes:
+        if self.fmt != "wav":
+            return b""
+        unknown = 0xFFFFFFFF
+        return (b"RIFF" + struct.pack("<I", unknown) + b"WAVE" + b"fmt " +
+                struct.pack("<IHHIIHH", 16, 1, 1, self.sr, self.sr * 2, 2, 16) + b"data" + struct.pack("<I", unknown))
+
+    def _av_open(self) -> None:
+        import av  # lazy: only for compressed formats
+
+        container, codec, options = _AV_FORMATS[self.fmt]
+        self._sink = _Sink()
+        self._container = av.open(self._sink, mode="w", format=container, options=dict(options))
+        self._stream = self._container.add_stream(codec, rate=self.sr, layout="mono")
+
+    def _av_push(self, pcm: np.ndarray) -> bytes:
+        import av
+
+        if self._container is None:
+            self._av_open()
+        if pcm.size:
+            frame = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
+            frame.sample_rate, frame.pts = self.sr, self._pts
+            self._pts += pcm.size
+            for packet in self._stream.encode(frame):
+                self._container.mux(packet)
+        return self._sink.take()
 
 
 # --------------------------------------------------------------------------------------------

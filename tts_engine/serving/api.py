@@ -23,7 +23,6 @@ import asyncio
 import base64
 import json
 import logging
-import struct
 import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -34,9 +33,11 @@ from fastapi import APIRouter, Body, File, Form, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from tts_engine.audio import AudioError, encode_audio, float_to_int16
+from tts_engine.audio import AudioError
 from tts_engine.request import SpeechRequest, StreamingChunkOutput, resolve_language
 from tts_engine.serving.errors import ApiError, Slots, route_class, translate
+from tts_engine.serving.formats import AudioEncoder, OutputFormat, encode_file, output_format
+from tts_engine.serving.metrics import instrument
 from tts_engine.serving.schemas import (
     ERRORS,
     NOT_FOUND,
@@ -55,8 +56,6 @@ from tts_engine.serving.voice_library import VoiceInfo, VoiceLibrary, validate_v
 log = logging.getLogger(__name__)
 
 SAMPLE_RATE = 24000
-CONTENT_TYPES = {"wav": "audio/wav", "pcm": "audio/pcm", "flac": "audio/flac", "mp3": "audio/mpeg"}
-PCM_HEADERS = {"X-Sample-Rate": str(SAMPLE_RATE), "X-Channels": "1", "X-Sample-Format": "s16le"}
 
 
 class _EngineStreamResponse(StreamingResponse):
@@ -96,7 +95,7 @@ def speech_router(engine, library: VoiceLibrary, settings: ServingSettings, slot
         common = {"text": body.input, "language": language, "seed": body.seed,
                   "max_new_tokens": body.max_new_tokens or settings.max_new_tokens,
                   "trim_leading_silence": body.trim_leading_silence}
-        fields, used = voice_request_fields(config, library, name, body.instructions)
+        fields, used = voice_request_fields(config, library, name, body.instructions, settings.voice_aliases)
         return SpeechRequest(**fields, **common), used
 
     def count_tokens(text: str) -> int | None:
@@ -118,17 +117,22 @@ def speech_router(engine, library: VoiceLibrary, settings: ServingSettings, slot
         "/v1/audio/speech", summary="Create speech (OpenAI-compatible)", response_class=Response,
         description=(
             "Synthesize `input` in `voice`. Without streaming the answer is a complete file in `response_format` "
-            "(`Content-Type` audio/wav, audio/flac, audio/mpeg or audio/pcm; 24 kHz mono; headers X-Audio-Duration, "
-            "X-Frames, X-Request-Id). With `stream: true` the audio is sent as it is generated: raw PCM16 LE "
-            "(`pcm`) or a WAV header of unknown length followed by PCM16 (`wav`); flac/mp3 cannot stream. With "
-            "`stream_format: \"sse\"` the answer is `text/event-stream` (see the example). Closing the connection "
-            "stops the generation. Errors: 400 (bad field, named in `error.param`), 503 when "
+            "(wav, pcm = raw s16le, flac, mp3, opus = Ogg Opus, aac = ADTS, ulaw / alaw = raw G.711) at "
+            "`sample_rate` (default 24000; ulaw/alaw 8000), mono; headers X-Sample-Rate, X-Audio-Duration, X-Frames, "
+            "X-Request-Id. With `stream: true` the same format is sent as it is generated (wav and flac with "
+            "headers of unknown length). With `stream_format: \"sse\"` the answer is `text/event-stream` (see the "
+            "example): base64 pieces of that byte stream (raw PCM16 when `response_format` is not given). Closing "
+            "the connection stops the generation. Errors: 400 (bad field, named in `error.param`), 503 when "
             "`max_concurrent` requests are running (with Retry-After)."),
         responses={200: {"description": "Audio, or an SSE stream.", "content": {
             "audio/wav": {"schema": {"type": "string", "format": "binary"}},
             "audio/pcm": {"schema": {"type": "string", "format": "binary"}},
             "audio/flac": {"schema": {"type": "string", "format": "binary"}},
             "audio/mpeg": {"schema": {"type": "string", "format": "binary"}},
+            "audio/ogg": {"schema": {"type": "string", "format": "binary"}},
+            "audio/aac": {"schema": {"type": "string", "format": "binary"}},
+            "audio/basic": {"schema": {"type": "string", "format": "binary"}},
+            "audio/x-alaw-basic": {"schema": {"type": "string", "format": "binary"}},
             "text/event-stream": {"schema": {"type": "string"}, "example": _SSE_EXAMPLE}}}, **ERRORS})
     async def create_speech(
         request: Request,
@@ -147,13 +151,13 @@ def speech_router(engine, library: VoiceLibrary, settings: ServingSettings, slot
             raise ApiError("input_too_long", f"input is too long ({len(text)} characters; at most "
                                              f"{settings.max_input_chars})", "input")
         if body.speed is not None and body.speed != 1.0:
-            raise ApiError("unsupported_speed", f"speed {body.speed:g} is not supported (only 1.0)", "speed")
-        fmt = body.response_format
+            raise ApiError("unsupported_speed", f"speed {body.speed:g} is not supported: only 1.0 (the model speaks "
+                                                "at its own pace; no time-stretching is applied)", "speed")
         sse = body.stream_format == "sse"
         streaming = body.stream or sse
-        if streaming and fmt not in ("pcm", "wav"):
-            raise ApiError("unsupported_response_format", f"response_format {fmt!r} cannot be streamed; use pcm or wav "
-                                                          "(or stream: false)", "response_format")
+        # SSE deltas are raw PCM16 unless a format is asked for by name (OpenAI's SSE clients expect pcm)
+        name = body.response_format if not sse or "response_format" in body.model_fields_set else "pcm"
+        fmt = output_format(name, body.sample_rate)
         if body.max_new_tokens is not None and body.max_new_tokens > settings.max_request_new_tokens:
             raise ApiError("invalid_value", f"max_new_tokens is at most {settings.max_request_new_tokens}",
                            "max_new_tokens")
@@ -162,7 +166,8 @@ def speech_router(engine, library: VoiceLibrary, settings: ServingSettings, slot
 
         slots.acquire()
         request_id = f"speech-{uuid.uuid4().hex}"
-        stream = engine.generate(req, request_id=request_id, max_buffered_s=settings.max_buffered_s)
+        stream = instrument(engine.generate(req, request_id=request_id, max_buffered_s=settings.max_buffered_s),
+                            "sse" if sse else "http")
         released = False
 
         async def cleanup() -> None:
@@ -179,7 +184,7 @@ def speech_router(engine, library: VoiceLibrary, settings: ServingSettings, slot
         except BaseException:
             await cleanup()
             raise
-        headers = {"X-Request-Id": request_id, **PCM_HEADERS}
+        headers = {"X-Request-Id": request_id, **fmt.headers}
         if body.model:
             headers["X-Model"] = body.model
         if voice_name:
@@ -193,22 +198,23 @@ def speech_router(engine, library: VoiceLibrary, settings: ServingSettings, slot
                 audio = np.concatenate([c.audio for c in chunks]) if chunks else np.zeros(0, np.float32)
                 frames = sum(0 if c.codec_codes is None else len(c.codec_codes) for c in chunks)
                 try:
-                    data = await run_in_threadpool(encode_audio, audio, SAMPLE_RATE, fmt)
+                    data = await run_in_threadpool(encode_file, audio, fmt)
                 except AudioError as exc:
-                    raise ApiError("encoding_failed", f"cannot encode {fmt}: {exc}") from None
+                    raise ApiError("encoding_failed", f"cannot encode {fmt.name}: {exc}") from None
             finally:
                 await cleanup()
+            extension = {"opus": "ogg", "ulaw": "ulaw", "alaw": "alaw"}.get(fmt.name, fmt.name)
             headers.update({"X-Audio-Duration": f"{len(audio) / SAMPLE_RATE:.3f}", "X-Frames": str(frames),
-                            "Content-Disposition": f'inline; filename="speech.{fmt}"'})
-            return Response(data, media_type=CONTENT_TYPES[fmt], headers=headers)
+                            "Content-Disposition": f'inline; filename="speech.{extension}"'})
+            return Response(data, media_type=fmt.content_type, headers=headers)
 
         headers["Cache-Control"] = "no-store"
         if sse:
-            content = sse_events(stream, first, body, request_id, voice_name)
+            content = sse_events(stream, first, body, fmt, request_id, voice_name)
             headers["X-Accel-Buffering"] = "no"
             return _EngineStreamResponse(content, cleanup, media_type="text/event-stream", headers=headers)
-        content = pcm_stream(stream, first, wav_header=fmt == "wav")
-        return _EngineStreamResponse(content, cleanup, media_type=CONTENT_TYPES[fmt], headers=headers)
+        content = audio_stream(stream, first, fmt)
+        return _EngineStreamResponse(content, cleanup, media_type=fmt.content_type, headers=headers)
 
     async def collect(request: Request, stream, first: StreamingChunkOutput) -> list[StreamingChunkOutput] | None:
         """All chunks of a non-streaming request, or None when the client disconnected first."""
@@ -237,50 +243,46 @@ def speech_router(engine, library: VoiceLibrary, settings: ServingSettings, slot
                 task.cancel()
             await asyncio.gather(work, watch, return_exceptions=True)
 
-    async def pcm_stream(stream, first: StreamingChunkOutput, wav_header: bool) -> AsyncIterator[bytes]:
-        if wav_header:
-            yield _streaming_wav_header()
-        chunk = first
-        while True:
-            if chunk.audio.size:
-                yield _pcm16(chunk.audio)
-            if chunk.is_finished:
-                return
-            try:
-                chunk = await stream.__anext__()
-            except StopAsyncIteration:
-                return
-            # Any other failure (a stage fault, ConsumerTooSlow) propagates: the connection is closed without
-            # the final chunk, so the client sees an incomplete response instead of a silently truncated one.
-
-    async def sse_events(stream, first: StreamingChunkOutput, body: SpeechCreateRequest, request_id: str,
-                         voice_name: str | None) -> AsyncIterator[str]:
-        chunk, samples, count, frames = first, 0, 0, 0
+    async def audio_stream(stream, first: StreamingChunkOutput, fmt: OutputFormat) -> AsyncIterator[bytes]:
+        encoder = AudioEncoder(fmt)
         try:
-            while True:
-                if chunk.audio.size:
-                    samples += chunk.audio.shape[0]
-                    count += 1
-                    audio = base64.b64encode(_pcm16(chunk.audio)).decode("ascii")
-                    yield _sse({"type": "speech.audio.delta", "audio": audio})
+            async for chunk in _chunks(stream, first):
+                data = encoder.push(chunk.audio)
+                if data:
+                    yield data
+            # Any failure (a stage fault, ConsumerTooSlow) propagates: the connection is closed without the end
+            # of the stream, so the client sees an incomplete response instead of a silently truncated one.
+            yield encoder.finish()
+        finally:
+            encoder.close()
+
+    async def sse_events(stream, first: StreamingChunkOutput, body: SpeechCreateRequest, fmt: OutputFormat,
+                         request_id: str, voice_name: str | None) -> AsyncIterator[str]:
+        chunk, count, frames = first, 0, 0
+        encoder = AudioEncoder(fmt)
+        try:
+            async for chunk in _chunks(stream, first):
                 frames += 0 if chunk.codec_codes is None else len(chunk.codec_codes)
-                if chunk.is_finished:
-                    break
-                chunk = await stream.__anext__()
-        except StopAsyncIteration:
-            pass
+                data = encoder.push(chunk.audio) + (encoder.finish() if chunk.is_finished else b"")
+                if data:
+                    count += 1
+                    yield _sse({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode("ascii")})
         except Exception as exc:  # noqa: BLE001 -- reported in-band, the status line is already sent
             log.error("speech stream %s failed: %s", request_id, exc)
-            yield _sse({"type": "error", **translate(exc).body()})
+            yield _sse({"type": "error", **translate(exc).in_band()})
             return
+        finally:
+            encoder.close()
+        samples = encoder.samples_out
         tokens = count_tokens(body.input)
         m = chunk.metrics
         yield _sse({
             "type": "speech.audio.done",
             "usage": {"input_tokens": tokens, "output_tokens": frames,
                       "total_tokens": None if tokens is None else tokens + frames},
-            "request_id": request_id, "model": body.model, "voice": voice_name, "format": "pcm16",
-            "sample_rate": SAMPLE_RATE, "audio_samples": samples, "audio_duration_s": round(samples / SAMPLE_RATE, 3),
+            "request_id": request_id, "model": body.model, "voice": voice_name,
+            "format": "pcm16" if fmt.name == "pcm" else fmt.name, "sample_rate": fmt.sample_rate,
+            "audio_samples": samples, "audio_duration_s": round(samples / fmt.sample_rate, 3),
             "chunks": count,
             "metrics": None if m is None else {
                 "first_frame_s": m.first_frame_s, "first_chunk_s": m.first_chunk_s, "finished_s": m.finished_s,
@@ -390,20 +392,20 @@ def _describe(info: VoiceInfo, request: Request, notice: bool = False) -> dict[s
     return data
 
 
-def _pcm16(audio: np.ndarray) -> bytes:
-    return float_to_int16(audio).astype("<i2", copy=False).tobytes()
-
-
 def _sse(payload: dict) -> str:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
 
-def _streaming_wav_header(sample_rate: int = SAMPLE_RATE) -> bytes:
-    """RIFF/WAVE header for 16-bit mono PCM of unknown length (sizes 0xFFFFFFFF, as streaming servers do)."""
-    unknown = 0xFFFFFFFF
-    return (b"RIFF" + struct.pack("<I", unknown) + b"WAVE" + b"fmt " +
-            struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16) +
-            b"data" + struct.pack("<I", unknown))
+async def _chunks(stream, first: StreamingChunkOutput) -> AsyncIterator[StreamingChunkOutput]:
+    """`first`, then the rest of the engine stream up to its finished chunk."""
+    chunk = first
+    yield chunk
+    while not chunk.is_finished:
+        try:
+            chunk = await stream.__anext__()
+        except StopAsyncIteration:
+            return
+        yield chunk
 
 
 async def _disconnected(request: Request) -> None:

@@ -24,6 +24,7 @@ from tts_engine.request import (
     StreamFailed,
     UnsupportedLanguage,
 )
+from tts_engine.serving.metrics import count_error
 from tts_engine.serving.voice_library import VoiceLibraryError
 
 log = logging.getLogger(__name__)
@@ -34,9 +35,13 @@ STATUS: dict[str, int] = {
     "invalid_json": 400, "missing_body": 400, "missing_field": 400, "invalid_value": 400,
     "invalid_request": 400, "empty_input": 400, "input_too_long": 400, "unsupported_speed": 400,
     "unsupported_language": 400, "unsupported_response_format": 400, "unsupported_stream_format": 400,
+    "unsupported_sample_rate": 400,
     "unknown_voice": 400, "voice_required": 400, "incompatible_voice": 400, "instructions_required": 400,
     "invalid_voice_name": 400, "invalid_voice_request": 400, "invalid_audio": 400, "audio_silent": 400,
     "audio_too_short": 400, "transcript_too_long": 400, "cloning_unsupported": 400,
+    # the WebSocket stream's message mistakes (in-band error events; the status is their kind)
+    "invalid_message": 400, "unknown_message_type": 400, "context_not_started": 400, "unknown_context": 404,
+    "context_exists": 409, "context_ended": 409, "message_too_large": 413, "too_many_contexts": 429,
     # 404 / 405: the URL names nothing
     "voice_not_found": 404, "unknown_session": 404, "route_not_found": 404, "method_not_allowed": 405,
     "client_too_slow": 408,   # only in-band (SSE error event, socket error): the status line was sent already
@@ -66,7 +71,13 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
+        count_error(self.code)
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+    def in_band(self) -> dict:
+        """The body of an error reported inside a stream already answered (an SSE event), counted."""
+        count_error(self.code)
+        return self.body()
 
 
 def translate(exc: BaseException) -> ApiError:
@@ -276,4 +287,4 @@ def _reshaped(status: int, body: bytes) -> bytes:
         return body
     detail = data["detail"] if isinstance(data["detail"], str) else json.dumps(data["detail"])
     error = _http_error(status, detail, None)
-    return json.dumps(error.body()).encode()
+    return json.dumps(error.in_band()).encode()

@@ -1,10 +1,11 @@
 """Voice agents: text pushed in pieces is spoken on a session's audio track (say / interrupt / stats).
 
 `SpeechSession` is the transport-free half of a voice-agent connection: clauses are assembled from
-streamed text (`ClauseAssembler`), synthesized one after another by a worker task while earlier audio
-plays, and their PCM is put on `session.audio` for the transport (the fastrtc handler in app.py) to
-send. `interrupt` cancels the worker (aborting the engine request in both stages) and drops queued
-audio at once. `realtime_router` serves the HTTP side over any lookup of sessions by `webrtc_id`.
+streamed text and synthesized one after another by a worker task while earlier audio plays
+(`ClauseSpeaker`, shared with the WebSocket), and their PCM is put on `session.audio` for the transport
+(the fastrtc handler in app.py) to send. `interrupt` cancels the worker (aborting the engine request in
+both stages) and drops queued audio at once. `realtime_router` serves the HTTP side over any lookup of
+sessions by `webrtc_id`.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from typing import Protocol
 import numpy as np
 from fastapi import APIRouter
 
-from tts_engine.request import SpeechRequest, resolve_language
-from tts_engine.serving.clauses import ClauseAssembler
+from tts_engine.request import resolve_language
 from tts_engine.serving.errors import ApiError, route_class
+from tts_engine.serving.metrics import UNDERRUN_SECONDS, UNDERRUNS
 from tts_engine.serving.schemas import Interrupt, Say
 from tts_engine.serving.settings import ServingSettings
+from tts_engine.serving.speaker import Clause, ClauseSpeaker
 from tts_engine.serving.voice_library import VoiceLibrary, voice_request_fields
 
 SAMPLE_RATE = 24000
@@ -51,70 +53,65 @@ class Preroll:
         return []
 
 
-class SpeechSession:
-    """One voice-agent conversation. `on_interrupt` lets the transport drop what it already holds."""
+class SpeechSession(ClauseSpeaker):
+    """One voice-agent conversation over WebRTC: clauses spoken in turn (`ClauseSpeaker`), their audio queued
+    on `audio` for the track. `on_interrupt` lets the transport drop what it already holds.
+
+    Underruns: the session keeps the time its audio so far will have played (`playing_until`); audio of an
+    utterance that arrives after that moment means the listener heard a gap mid-utterance. Each is
+    counted (`underruns`, `underrun_s`, and the process-wide Prometheus counters).
+    """
+
+    transport = "webrtc"
 
     def __init__(self, engine, preroll_s: float = 0.0, on_interrupt: Callable[[], None] | None = None):
-        self.engine = engine
+        super().__init__(engine)
         self.preroll_s = preroll_s
         self.on_interrupt = on_interrupt
         self.audio: asyncio.Queue[np.ndarray] = asyncio.Queue()   # float32 24 kHz pieces, in play order
-        self.clauses = ClauseAssembler()
-        self.pending: asyncio.Queue = asyncio.Queue()
-        self.worker: asyncio.Task | None = None
-        self.stats: list[dict] = []
         self.playing_until = 0.0   # when the audio handed out so far will have played (monotonic)
+        self.in_utterance = False  # audio of an unfinished utterance has been handed out
+        self.underruns, self.underrun_s = 0, 0.0
+        self._held: Preroll | None = None
 
-    def say(self, text: str, fields: dict, language: str, final: bool) -> int:
-        """Queue text; returns how many clauses became ready to speak."""
-        clauses = self.clauses.push(text, final)
-        for clause in clauses:
-            self.pending.put_nowait((clause, fields, language, final and clause is clauses[-1]))
-        if self.worker is None or self.worker.done():
-            self.worker = asyncio.get_running_loop().create_task(self._speak())
-        return len(clauses)
+    def begin_clause(self, clause: Clause) -> None:
+        self._held = Preroll(self.preroll_s - max(0.0, self.playing_until - time.monotonic()))
 
-    async def _speak(self) -> None:
-        while True:
-            clause, fields, language, last = await self.pending.get()
-            start = time.perf_counter()
-            first, chunk = None, None
-            request = SpeechRequest(text=clause, language=language, **fields)
-            held = Preroll(self.preroll_s - max(0.0, self.playing_until - time.monotonic()))
-            async for chunk in self.engine.generate(request):
-                if first is None:
-                    first = time.perf_counter() - start
-                for piece in held.push(chunk.audio, chunk.is_finished):
-                    await self._play(piece)
-            if last:
-                await self._play(TAIL_SILENCE)
-            m = chunk.metrics if chunk is not None else None
-            self.stats.append({"text": clause, "first_chunk_ms": round(1000 * (first or 0), 1),
-                               "audio_s": round(m.audio_seconds, 3) if m else None,
-                               "rtf": round(m.real_time_factor, 3) if m and m.real_time_factor else None})
-            del self.stats[:-50]
+    async def on_audio(self, audio: np.ndarray, finished: bool) -> None:
+        for piece in self._held.push(audio, finished):
+            await self._play(piece)
+
+    async def end_clause(self, clause: Clause, metrics) -> None:
+        if clause.last:
+            await self._play(TAIL_SILENCE)
+            self.in_utterance = False
+
+    async def on_error(self, clause: Clause, exc: Exception) -> None:
+        await super().on_error(clause, exc)
+        self.in_utterance = False
 
     async def _play(self, audio: np.ndarray) -> None:
-        self.playing_until = max(self.playing_until, time.monotonic()) + audio.shape[-1] / SAMPLE_RATE
+        now = time.monotonic()
+        if self.in_utterance and self.playing_until < now:
+            self.underruns += 1
+            self.underrun_s += now - self.playing_until
+            UNDERRUNS.inc()
+            UNDERRUN_SECONDS.inc(now - self.playing_until)
+        self.in_utterance = True
+        self.playing_until = max(self.playing_until, now) + audio.shape[-1] / SAMPLE_RATE
         await self.audio.put(audio)
 
     def interrupt(self) -> None:
         self.playing_until = 0.0
-        self.clauses.clear()
-        while not self.pending.empty():
-            self.pending.get_nowait()
-        if self.worker is not None:
-            self.worker.cancel()   # closes engine.generate -> aborts the request in both stages
-            self.worker = None
+        self.in_utterance = False
+        self.cancel()
         while not self.audio.empty():
             self.audio.get_nowait()
         if self.on_interrupt is not None:
             self.on_interrupt()
 
     def close(self) -> None:
-        if self.worker is not None:
-            self.worker.cancel()
-            self.worker = None
+        self.cancel()
 
 
 class SessionLookup(Protocol):
@@ -140,10 +137,10 @@ def realtime_router(engine, library: VoiceLibrary, settings: ServingSettings, se
         session = session_for(body.webrtc_id)
         if not body.text.strip() and not body.final:
             raise ApiError("empty_input", "text is empty", "text")
-        if len(session.clauses.buffer) + len(body.text) > settings.max_input_chars:
+        if session.buffered_chars + len(body.text) > settings.max_input_chars:
             raise ApiError("input_too_long", f"utterance exceeds {settings.max_input_chars} characters", "text")
         language = resolve_language(body.language, config.supported_languages)
-        fields, _ = voice_request_fields(config, library, body.voice, body.instructions)
+        fields, _ = voice_request_fields(config, library, body.voice, body.instructions, settings.voice_aliases)
         fields["trim_leading_silence"] = body.trim_leading_silence
         queued = session.say(body.text, fields, language, body.final)
         return {"webrtc_id": body.webrtc_id, "clauses_queued": queued}

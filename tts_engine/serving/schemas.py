@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import Path
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 VoiceName = Annotated[str, Path(description="Voice name (case-insensitive).")]
 
@@ -48,22 +48,28 @@ class SpeechCreateRequest(BaseModel):
                           "chinese); ISO codes such as `en` are accepted.")
     instructions: str | None = Field(None, description="VoiceDesign: the voice description (required). "
                                         "CustomVoice 1.7B: style instructions. Ignored by Base checkpoints.")
-    response_format: Literal["wav", "pcm", "flac", "mp3"] = Field(
-        "wav", description="Container of the answer. `pcm` is raw signed 16-bit little-endian, 24 kHz mono. "
-                           "Streaming supports `pcm` and `wav` only.")
-    speed: float | None = Field(None, description="Only 1.0 is supported (accepted for OpenAI compatibility).")
-    stream: bool = Field(False, description="Send audio while it is generated (chunked transfer). With "
-                         "`response_format` pcm the body is raw PCM16; with wav, a streaming WAV header "
-                         "(unknown length) followed by PCM16.")
+    response_format: Literal["wav", "pcm", "flac", "mp3", "opus", "aac", "ulaw", "alaw"] = Field(
+        "wav", description="Format of the answer (default wav; OpenAI's default is mp3). `pcm` is raw signed 16-bit "
+                           "little-endian; `opus` is Ogg Opus; `aac` is ADTS; `ulaw` / `alaw` are raw G.711 bytes at "
+                           "8 kHz (telephony). Every format streams.")
+    sample_rate: int | None = Field(None, description="Output sample rate in Hz (resampled with soxr). pcm, wav, "
+                                    "flac, mp3, aac: 8000, 16000, 22050, 24000 (default), 32000, 44100, 48000; opus: "
+                                    "8000, 12000, 16000, 24000, 48000; ulaw/alaw: 8000 only.")
+    speed: float | None = Field(None, description="Only 1.0 is supported (accepted for OpenAI compatibility); "
+                                "anything else is refused with `unsupported_speed`.")
+    stream: StrictBool = Field(False, description="Send audio while it is generated (chunked transfer) in "
+                               "`response_format`: raw PCM16 for pcm, a WAV header of unknown length then PCM16 for "
+                               "wav, Ogg pages for opus, MP3/ADTS frames, ... A JSON boolean: \"yes\" or 1 are "
+                               "refused.")
     stream_format: Literal["audio", "sse"] = Field(
         "audio", description="`sse` streams server-sent events (implies `stream`): "
-                             "`{\"type\":\"speech.audio.delta\",\"audio\":\"<base64 PCM16>\"}` per chunk, then "
-                             "`{\"type\":\"speech.audio.done\",\"usage\":{...},\"metrics\":{...}}`. SSE deltas are "
-                             "always raw PCM16 (24 kHz mono).")
+                             "`{\"type\":\"speech.audio.delta\",\"audio\":\"<base64>\"}` per chunk, then "
+                             "`{\"type\":\"speech.audio.done\",\"usage\":{...},\"metrics\":{...}}`. The deltas "
+                             "are pieces of the `response_format` byte stream; raw PCM16 when no format is given.")
     max_new_tokens: int | None = Field(None, ge=1, description="Cap on generated codec frames (12.5 per "
                                           "second of audio). Default: the server's setting / stage config.")
     seed: int | None = Field(None, ge=0, description="Sampling seed for reproducible output.")
-    trim_leading_silence: bool = Field(True, description="Drop audio below -60 dBFS from the start (at most "
+    trim_leading_silence: StrictBool = Field(True, description="Drop audio below -60 dBFS from the start (at most "
                                        "200 ms), which listeners hear as latency. false: the model's output as is.")
 
 
@@ -138,9 +144,9 @@ class Say(BaseModel):
     voice: str | None = Field(None, description="library voice or preset speaker")
     language: str = Field("auto", description="`auto`, a language the checkpoint supports, or an ISO code (`en`)")
     instructions: str | None = None
-    final: bool = Field(True, description="false: more text follows; true: speak everything left")
-    trim_leading_silence: bool = Field(True, description="drop up to 200 ms of silence (< -60 dBFS) that opens "
-                                       "each clause")
+    final: StrictBool = Field(True, description="false: more text follows; true: speak everything left")
+    trim_leading_silence: StrictBool = Field(True, description="drop up to 200 ms of silence (< -60 dBFS) that "
+                                             "opens each clause")
 
 
 class Interrupt(BaseModel):

@@ -7,13 +7,15 @@ Gradio UI to it. No Gradio or fastrtc here.
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from tts_engine.serving.api import speech_router, voices_router
 from tts_engine.serving.errors import ApiError, Slots, install_error_handlers
 from tts_engine.serving.lifecycle import READY, Lifecycle
+from tts_engine.serving.metrics import CONTENT_TYPE, engine_registry, exposition
 from tts_engine.serving.realtime import SessionLookup, realtime_router
 from tts_engine.serving.settings import ServingSettings
+from tts_engine.serving.stream_socket import stream_router
 from tts_engine.serving.voice_library import VoiceLibrary
 
 
@@ -28,8 +30,9 @@ NEW_WORK = {("POST", "/v1/audio/speech"), ("POST", "/v1/audio/voices"), ("POST",
 
 def build_api(engine, library: VoiceLibrary, settings: ServingSettings | None = None,
               sessions: SessionLookup | None = None, lifecycle: Lifecycle | None = None) -> FastAPI:
-    """The HTTP API (speech, voices), the realtime agent routes over `sessions`, `/healthz` (liveness:
-    the engine's stage threads) and `/readyz` (readiness: warmed up and not shutting down)."""
+    """The HTTP API (speech, voices), the realtime agent routes over `sessions`, the speech WebSocket
+    (`/v1/audio/speech/stream`), `/metrics` (Prometheus), `/healthz` (liveness: the engine's stage threads)
+    and `/readyz` (readiness: warmed up and not shutting down)."""
     settings = settings or ServingSettings()
     lifecycle = lifecycle or Lifecycle(READY)
     app = FastAPI(title="Qwen3-TTS real-time voice", version="1.0",
@@ -47,6 +50,7 @@ def build_api(engine, library: VoiceLibrary, settings: ServingSettings | None = 
     app.include_router(speech_router(engine, library, settings, slots))
     app.include_router(voices_router(engine, library, settings, slots))
     app.include_router(realtime_router(engine, library, settings, sessions or _NoSessions()))
+    app.include_router(stream_router(engine, library, settings, lifecycle))
 
     @app.get("/healthz", tags=["meta"], summary="Liveness: 503 when a stage thread of the engine stopped")
     async def health() -> JSONResponse:
@@ -62,5 +66,14 @@ def build_api(engine, library: VoiceLibrary, settings: ServingSettings | None = 
         message = lifecycle.why_not_ready() if not lifecycle.ready else "the engine stopped working"
         return JSONResponse({"status": lifecycle.state, "message": message}, status_code=503,
                             headers={"Retry-After": "2"})
+
+    registry = engine_registry(engine)
+
+    @app.get("/metrics", tags=["meta"], summary="Prometheus metrics", response_class=Response,
+             description="Time to first audio and real-time factor histograms, active streams, frames and audio "
+                         "seconds produced, WebRTC playback underruns, each stage's queue depth, errors by code "
+                         "(Prometheus text format; the series are listed in `tts_engine/serving/metrics.py`).")
+    async def metrics() -> Response:
+        return Response(exposition(registry), media_type=CONTENT_TYPE)
 
     return app

@@ -6,7 +6,15 @@ so a test (or an operator's hook) can change them while serving.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
+
+
+def aliases_from_env(value: str | None = None) -> dict[str, str]:
+    """`TTS_VOICE_ALIASES="alloy=sample,nova=alice"` -> {"alloy": "sample", "nova": "alice"}."""
+    value = os.environ.get("TTS_VOICE_ALIASES", "") if value is None else value
+    pairs = (item.split("=", 1) for item in value.split(",") if "=" in item)
+    return {k.strip().lower(): v.strip() for k, v in pairs if k.strip() and v.strip()}
 
 
 @dataclass
@@ -21,6 +29,10 @@ class ServingSettings:
     preroll_s: float = 0.0                    # audio held back before WebRTC playback starts (slow machines)
     max_buffered_s: float = 30.0              # audio a streaming client may fall behind before its request stops
     drain_s: float = 30.0                     # on SIGTERM: how long running streams may take to finish
+    # other voice names (OpenAI's alloy, nova, ...) -> library voices or preset speakers; env TTS_VOICE_ALIASES
+    voice_aliases: dict[str, str] = field(default_factory=aliases_from_env)
+    ws_max_contexts: int = 5                  # contexts open at once on one /v1/audio/speech/stream socket
+    ws_max_message_bytes: int = 64 * 1024     # largest client message on the socket; larger -> error event
 
     @property
     def max_body_bytes(self) -> int:

@@ -587,16 +587,40 @@ def _is_stale_tmp(folder: Path) -> bool:
 
 
 
-def voice_request_fields(config, library: VoiceLibrary, voice: str | None,
-                         instructions: str | None) -> tuple[dict[str, Any], str | None]:
+#: OpenAI's built-in voice names: they mean a voice here only through the alias table
+#: (`ServingSettings.voice_aliases`, e.g. ``TTS_VOICE_ALIASES="alloy=sample,nova=alice"``).
+OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse",
+                 "marin", "cedar")
+
+
+def voice_request_fields(config, library: VoiceLibrary, voice: str | None, instructions: str | None,
+                         aliases: dict[str, str] | None = None) -> tuple[dict[str, Any], str | None]:
     """`SpeechRequest` fields for a voice name, and the name actually used.
 
     CustomVoice speaks its preset speakers (instructions allowed), VoiceDesign a described voice
     (instructions required, `voice` ignored), Base a library voice. One function for the HTTP API, the
-    UI and the realtime routes, so every caller accepts and refuses the same things.
+    UI and the realtime routes, so every caller accepts and refuses the same things. `aliases` maps
+    other names (OpenAI's `alloy`, `nova`, ...; case-insensitive) to voices; a real voice of the same
+    name wins over an alias.
     """
     name = voice.strip() if isinstance(voice, str) and voice.strip() else None
     instructions = instructions.strip() if instructions and instructions.strip() else None
+    if name is not None and aliases:
+        known = name.lower() in config.talker.speakers if config.model_type == "custom_voice" else name in library
+        target = {k.lower(): v for k, v in aliases.items()}.get(name.lower())
+        if target and not known:
+            name = target
+    try:
+        return _voice_fields(config, library, name, instructions)
+    except UnknownVoiceError as exc:
+        if name is not None and name.lower() in OPENAI_VOICES:
+            raise UnknownVoiceError(f"{exc}. {name!r} is an OpenAI voice name: map it to one of ours in the voice "
+                                    "alias table (TTS_VOICE_ALIASES, e.g. 'alloy=sample')") from None
+        raise
+
+
+def _voice_fields(config, library: VoiceLibrary, name: str | None,
+                  instructions: str | None) -> tuple[dict[str, Any], str | None]:
     if config.model_type == "custom_voice":
         speakers = config.supported_speakers
         if name is None:
@@ -629,6 +653,7 @@ def voice_request_fields(config, library: VoiceLibrary, voice: str | None,
 
 __all__ = [
     "MAX_NAME_CHARS",
+    "OPENAI_VOICES",
     "RESERVED_NAMES",
     "CloningUnsupportedError",
     "IncompatibleVoiceError",
