@@ -29,6 +29,8 @@ def test_shipped_configs_load():
     assert streaming.talker.device == "cuda:0"
     batch = load_stage_config(CONFIGS / "qwen3_tts_batch.yaml")
     assert not batch.async_chunk and batch.talker.processor is talker2code2wav
+    split = load_stage_config(CONFIGS / "qwen3_tts_split_gpus.yaml")
+    assert (split.talker.device, split.decoder.device) == ("cuda:0", "cuda:1")
     for name in ("qwen3_tts_cpu.yaml", "qwen3_tts_tiny_cpu.yaml"):
         cpu = load_stage_config(CONFIGS / name)
         assert cpu.talker.device == "cpu" and cpu.decoder.device == "cpu"

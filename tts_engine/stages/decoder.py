@@ -19,7 +19,6 @@ the `tts-stage1` thread touches `_streams` and the decoder; `on_output` callback
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import threading
@@ -106,8 +105,10 @@ class AsyncDecodingPipeline:
 
     # ---- decoder thread --------------------------------------------------------------------------
     def _run(self) -> None:
-        ctx = torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
-        with ctx:
+        if self._stream is None:
+            self._loop()
+            return
+        with torch.cuda.device(self.device), torch.cuda.stream(self._stream):   # Stage 1 may have a GPU of its own
             self._loop()
 
     def _loop(self) -> None:

@@ -752,10 +752,13 @@ class _DecoderGraphs:
         self._states: dict[int, DecoderStreamState] = {}
         self._graphs: dict[tuple[int, int], tuple] = {}
         start = time.perf_counter()
-        with torch.inference_mode():
+        device = decoder.quantizer.tables.device
+        # On the decoder's own GPU: a capture runs on the current device's stream, and with Stage 1 on
+        # another GPU than the talker (the thread's current device) it failed with "operation not
+        # permitted when stream is capturing".
+        with torch.inference_mode(), torch.cuda.device(device):
             for b, n in sorted(set(shapes), key=lambda s: (-s[0] * s[1], -s[0])):   # largest first: smaller reuse the pool
                 self._capture(b, n)
-        device = decoder.quantizer.tables.device
         log.info("decoder: %d CUDA graphs captured in %.1f s (%.2f GiB allocated on %s)", len(self._graphs),
                  time.perf_counter() - start, torch.cuda.memory_allocated(device) / 2**30, device)
 
