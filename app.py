@@ -408,12 +408,13 @@ def build_ui(engine, library, settings: ServingSettings, options: UiOptions):
 
 
 # ---- the app --------------------------------------------------------------------------------------
-def build_app(engine, library, settings: ServingSettings, lifecycle=None, options: UiOptions | None = None):
-    import gradio as gr
+def build_agent_api(engine, library, settings: ServingSettings, lifecycle=None):
+    """`build_api` plus fastrtc's `POST /webrtc/offer` for voice agents (no UI): what app.py serves under the
+    UI and what each Ray Serve replica serves (tts_engine/serving/ray_app.py). Returns (app, rtc_warning)."""
     from fastapi import Request
     from fastrtc import Stream
 
-    from tts_engine.serving.errors import ApiError, OneShapeMiddleware
+    from tts_engine.serving.errors import ApiError
     from tts_engine.serving.server import build_api
 
     rtc_client, rtc_server, rtc_warning = rtc_configuration()
@@ -432,7 +433,17 @@ def build_app(engine, library, settings: ServingSettings, lifecycle=None, option
         return await call_next(request)
 
     stream.mount(app)
-    options = dataclasses.replace(options or UiOptions(), rtc=(rtc_client, rtc_server), rtc_warning=rtc_warning)
+    app.state.rtc = (rtc_client, rtc_server)
+    return app, rtc_warning
+
+
+def build_app(engine, library, settings: ServingSettings, lifecycle=None, options: UiOptions | None = None):
+    import gradio as gr
+
+    from tts_engine.serving.errors import OneShapeMiddleware
+
+    app, rtc_warning = build_agent_api(engine, library, settings, lifecycle)
+    options = dataclasses.replace(options or UiOptions(), rtc=app.state.rtc, rtc_warning=rtc_warning)
     ui = build_ui(engine, library, settings, options)
     ui.queue(default_concurrency_limit=settings.max_concurrent)
     app = gr.mount_gradio_app(app, ui, path="/")

@@ -223,7 +223,7 @@ class VoiceLibrary:
         self.max_file_bytes = int(max_file_bytes)
         self.max_transcript_chars = int(max_transcript_chars)
         self._lock = threading.RLock()
-        self._cache: dict[str, VoicePrompt] = {}
+        self._cache: dict[str, tuple[tuple | None, VoicePrompt]] = {}   # folder -> (meta.json stamp, prompt)
         self.root.mkdir(parents=True, exist_ok=True)
         self.clean_stale()
 
@@ -247,16 +247,19 @@ class VoiceLibrary:
         """The voice prompt of `name` (cached), for `SpeechRequest(voice=...)`."""
         with self._lock:
             folder = self._folder(name)
+            stamp = _stamp(folder)
             cached = self._cache.get(folder.name)
-            if cached is not None:
-                return cached
+            if cached is not None and cached[0] == stamp:
+                return cached[1]
             info = self._read_info(folder)
             if not info.compatible:
                 raise IncompatibleVoiceError(
                     f"voice {info.name!r} was cloned with a {self._signature_of(info).describe()} model and cannot be "
                     f"used with this {self.signature.describe()} model; clone it again from its reference clip")
             prompt = self._read_prompt(folder, info)
-            self._cache[folder.name] = prompt
+            # keyed on meta.json's identity: a voice deleted and created again under the same name by another
+            # process (another replica on the shared folder) is a new file and is read again
+            self._cache[folder.name] = (stamp, prompt)
             return prompt
 
     def preview_path(self, name: str) -> Path:
@@ -533,6 +536,15 @@ class VoiceLibrary:
 def _as_tensor(value, dtype: torch.dtype) -> torch.Tensor:
     tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(np.asarray(value))
     return tensor.detach().to("cpu", dtype)
+
+
+def _stamp(folder: Path) -> tuple | None:
+    """Identity of a voice's meta.json (inode, mtime, size): changes when the voice is written again."""
+    try:
+        st = (folder / META_FILE).stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def _write_file(path: Path, data: bytes) -> None:

@@ -28,6 +28,12 @@ class AgentSession:
         self._reader: asyncio.Task | None = None
         self._connected = asyncio.Event()
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """Send these with `say` / `interrupt` / `stats`: behind Ray Serve they route the call to the replica
+        holding this session (Serve's multiplexed-id header); a single process ignores them."""
+        return {"serve_multiplexed_model_id": self.webrtc_id}
+
     async def offer(self, client) -> "object":
         """Create the offer and POST it; returns the HTTP response (the answer is applied if given)."""
         from aiortc import RTCSessionDescription
