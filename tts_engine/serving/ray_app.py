@@ -64,8 +64,13 @@ class SessionAffinityRouter(MultiplexMixin, RequestRouter):
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        if pending_request is None:
+            # A routing task with no request of its own: the base router (without FIFOMixin, which would hand
+            # the replica to whichever request is first in line and break affinity) has nothing to give a
+            # replica to, so answering here would spin on queue-length probes. Nothing: it backs off.
+            return []
         candidates = list(candidate_replicas)
-        if pending_request is not None:
+        if pending_request is not None:  # (always, past the early return)
             pending_request.routing_context.should_backoff = True   # an empty answer sleeps before the retry
             meta = pending_request.metadata
             session, offer = meta.multiplexed_model_id, meta.route.endswith(OFFER_ROUTE)
