@@ -15,10 +15,12 @@ import argparse
 import dataclasses
 import logging
 import os
+import re
 import tempfile
+import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,40 @@ class UiOptions:
     rtc: tuple[Any, Any] = ({"iceServers": []}, {"iceServers": []})   # (browser, server) WebRTC configs
     rtc_warning: str | None = None
     downloads: Path | None = None  # where the last utterance of each UI session is offered as WAV
+
+
+# The value fastrtc's WebRTC component treats as "no stream": its frontend then shows a still placeholder
+# instead of the wave visualiser. Any other value (a connection id) mounts the visualiser, whose analyser
+# animation fastrtc 0.0.34 never cancels (its `stream_state == "closed"` branch cancels only the idle loop),
+# so the only way to stop the wave after an utterance is to put this value back.
+WEBRTC_IDLE = "__webrtc_value__"
+# Hides Gradio toasts without text. Ending a fastrtc stream (CloseStream) always raises a "warning" toast
+# with the CloseStream message in the browser; we end normal and stopped utterances with an empty message
+# (the status line says what happened), and keep real messages (synthesis failures) visible.
+HIDE_EMPTY_TOASTS = ".toast-body:has(.toast-text:empty) { display: none !important; }"
+TO_IDLE = f"(ended, current) => ended && ended === current ? {WEBRTC_IDLE!r} : current"
+
+
+def _patch_fastrtc_track_end() -> None:
+    """fastrtc 0.0.34's `ServerToClientAudio.recv()` stops the track and *returns None* when the stream
+    ends (CloseStream or the generator's end). aiortc's RTCRtpSender then hands None to the Opus encoder's
+    `pack()` and logs "AttributeError: 'NoneType' object has no attribute 'pts'" with a traceback for every
+    UI utterance. An aiortc track says it has ended by raising MediaStreamError, which the sender expects."""
+    from aiortc.mediastreams import MediaStreamError
+    from fastrtc.tracks import ServerToClientAudio
+
+    original = ServerToClientAudio.recv
+    if getattr(original, "ends_cleanly", False):
+        return
+
+    async def recv(self):
+        frame = await original(self)
+        if frame is None:      # the track has just been stopped by fastrtc
+            raise MediaStreamError
+        return frame
+
+    recv.ends_cleanly = True
+    ServerToClientAudio.recv = recv
 
 
 # ---- configuration ------------------------------------------------------------------------------
@@ -161,7 +197,8 @@ class FastrtcSessions:
 def speak_tab(engine, library, settings: ServingSettings, options: UiOptions, session):
     """Text -> speech over a WebRTC audio track, Stop, live metrics, the last utterance as WAV."""
     import gradio as gr
-    from fastrtc import AdditionalOutputs, CloseStream, WebRTC
+    from fastrtc import AdditionalOutputs, CloseStream, WebRTC, get_current_context
+    from fastrtc.tracks import ServerToClientAudio
 
     from tts_engine.audio import encode_audio
     from tts_engine.request import RequestAborted, RequestError, SpeechRequest
@@ -169,7 +206,9 @@ def speak_tab(engine, library, settings: ServingSettings, options: UiOptions, se
     from tts_engine.serving.voice_library import voice_request_fields
 
     config, kind = engine.config, engine.config.model_type
-    active: dict[str, str] = {}          # UI session -> running request id (for Stop)
+    active: dict[str, Utterance] = {}    # UI session -> the utterance it is generating or playing (for Stop)
+    shown: dict[str, tuple[str, str | None, bool]] = {}   # webrtc_id -> (status, WAV path, ended): see publish
+    shown_lock = threading.Lock()
     downloads = options.downloads or Path(tempfile.mkdtemp(prefix="tts_utterances_"))
 
     def request_for(text, voice, language, instructions, temperature, top_k, top_p, penalty, seed, max_s):
@@ -185,31 +224,51 @@ def speak_tab(engine, library, settings: ServingSettings, options: UiOptions, se
                              seed=int(seed) if seed not in (None, "") and int(seed) >= 0 else None, **fields)
 
     def check(*args):
-        """Runs on the Speak click beside the stream: shows a visible message for bad input."""
+        """Runs on the Speak click; the stream starts only if this succeeds (`trigger=checked.success`
+        below), so bad input gets exactly one visible message: this error."""
         try:
             request_for(*args[:-1])
         except RequestError as exc:
             raise gr.Error(str(exc))
+        return "Starting…"
+
+    def publish(webrtc_id: str, status: str, path: str | None = None, ended: bool = False) -> None:
+        """What the page should show for a connection. The browser is told to fetch it by an (empty)
+        AdditionalOutputs on an audio chunk; `show_status` reads the *latest* entry, so a late or repeated
+        fetch can never put an older status over a newer one (e.g. "playing…" over "Stopped.")."""
+        with shown_lock:
+            shown[webrtc_id] = (status, path, ended)
+            while len(shown) > 64:
+                shown.pop(next(iter(shown)))
 
     def speak(*args):
+        """The WebRTC generator (fastrtc runs it in a worker thread, one per connection)."""
         ui_session = args[-1]
         try:
             request = request_for(*args[:-1])
-        except RequestError as exc:
+        except RequestError as exc:   # only if the inputs changed after `check`
             yield CloseStream(str(exc))
             return
         start = time.perf_counter()
         first, pieces = None, []
-        request_id = uuid.uuid4().hex
-        active[ui_session] = request_id
+        me = Utterance(uuid.uuid4().hex, get_current_context().webrtc_id)
+        active[ui_session] = me
         held = Preroll(settings.preroll_s)
-        shown = False
+        playing_since, queued_s = None, 0.0   # when the first audio was handed to fastrtc; how much since
         try:
-            for chunk in engine.stream(request, request_id=request_id):
+            for chunk in engine.stream(request, request_id=me.request_id):
                 if first is None:
                     first = time.perf_counter() - start
                 pieces.append(chunk.audio)
-                ready = held.push(chunk.audio, chunk.is_finished)
+                for piece in held.push(chunk.audio, chunk.is_finished):
+                    queued_s += piece.shape[0] / SAMPLE_RATE
+                    if playing_since is None:   # live: time to first audio as soon as playback starts
+                        playing_since = time.perf_counter()
+                        publish(me.webrtc_id, f"**Time to first audio:** {1000 * (playing_since - start):.0f} ms"
+                                              " · playing…")
+                        yield (SAMPLE_RATE, piece.reshape(1, -1)), AdditionalOutputs()
+                    else:
+                        yield SAMPLE_RATE, piece.reshape(1, -1)
                 if chunk.is_finished:
                     audio = np.concatenate(pieces)
                     path = downloads / f"utterance-{ui_session[:8]}.wav"
@@ -218,36 +277,72 @@ def speak_tab(engine, library, settings: ServingSettings, options: UiOptions, se
                     seconds = audio.shape[0] / SAMPLE_RATE
                     rtf = (m.finished_s / seconds) if seconds else 0.0
                     ttfa = 1000 * (first if settings.preroll_s == 0 else m.first_chunk_s + settings.preroll_s)
-                    info = (f"**Time to first audio:** {ttfa:.0f} ms (server, first chunk {1000 * first:.0f} ms"
+                    info = (f"**Finished.** **Time to first audio:** {ttfa:.0f} ms (server, first chunk "
+                            f"{1000 * first:.0f} ms"
                             f"{f' + {settings.preroll_s * 1000:.0f} ms pre-roll' if settings.preroll_s else ''}) · "
                             f"**RTF:** {rtf:.2f} · {seconds:.2f} s of audio, {m.frames} frames")
-                    tail = np.concatenate([*ready, TAIL_SILENCE]).reshape(1, -1)
-                    yield (SAMPLE_RATE, tail), AdditionalOutputs(info, str(path))
-                else:
-                    for piece in ready:
-                        if not shown:   # live: time to first audio as soon as playback starts
-                            shown = True
-                            info = f"**Time to first audio:** {1000 * (time.perf_counter() - start):.0f} ms · playing…"
-                            yield (SAMPLE_RATE, piece.reshape(1, -1)), AdditionalOutputs(info, None)
-                        else:
-                            yield SAMPLE_RATE, piece.reshape(1, -1)
-        except RequestAborted:
-            yield CloseStream("stopped")
+            # fastrtc queues every frame at once and sends them at real-time pace, so generation ends long
+            # before the listener hears the end. The utterance stays Stop-able, and its final status and the
+            # end of the stream wait, until the queued audio has played (or Stop wakes us).
+            if playing_since is not None:
+                me.stopped.wait(max(0.0, playing_since + queued_s - time.perf_counter()))
+            if me.stopped.is_set():
+                return
+            publish(me.webrtc_id, info, str(path), ended=True)
+            yield (SAMPLE_RATE, TAIL_SILENCE.reshape(1, -1)), AdditionalOutputs()
+            yield CloseStream("")   # browser: closes the connection (empty message: no toast, see HIDE_EMPTY_TOASTS)
+        except RequestAborted:      # Stop: it has silenced the track and set the status already
             return
-        except Exception as exc:   # a failure: end the stream with a message
-            yield CloseStream(f"synthesis failed: {exc}")
-            return
+        except Exception as exc:    # a failure: say so in the status and in a toast, end the stream
+            if not me.stopped.is_set():
+                publish(me.webrtc_id, f"**Synthesis failed:** {exc}", ended=True)
+                yield (SAMPLE_RATE, TAIL_SILENCE.reshape(1, -1)), AdditionalOutputs()
+                yield CloseStream(f"synthesis failed: {exc}")
         finally:
-            if active.get(ui_session) == request_id:
+            if active.get(ui_session) is me:
                 active.pop(ui_session, None)
-        yield CloseStream("done")
 
-    def stop(ui_session):
-        request_id = active.pop(ui_session, None)
-        if request_id:
-            engine.abort(request_id)
-            return "**Stopped.**"
-        return "Nothing is playing."
+    def silence(webrtc_id: str) -> bool:
+        """End a UI connection's audio *now*. The generator hands fastrtc the audio far ahead of playback
+        (unbounded queue, paced by `recv()` at real time), so aborting the request alone leaves seconds of
+        queued frames playing. Runs on the event loop (the track's queue is an asyncio.Queue)."""
+        silenced = False
+        for track in audio_out.connections.get(webrtc_id, []):
+            if isinstance(track, ServerToClientAudio) and track.readyState == "live":
+                track.thread_quit.set()               # the player task pulls nothing more from the generator
+                track.clear_queue()                   # drop the frames waiting to be played
+                track.queue.put_nowait(CloseStream(""))   # recv(): tell the browser (end_stream), stop the track
+                silenced = True
+        return silenced
+
+    async def stop(ui_session, webrtc_id):
+        """`webrtc_id` is the browser's connection: it exists before the generator starts (Stop right
+        after Speak), when `active` does not know the utterance yet."""
+        me = active.pop(ui_session, None)
+        if me is not None:
+            me.stopped.set()              # wakes the generator if it waits for playback to end
+            engine.abort(me.request_id)   # both engine stages (a no-op once generation has finished)
+        target = me.webrtc_id if me is not None else webrtc_id
+        if not silence(target) and me is None:
+            return "Nothing is playing.", gr.update()
+        publish(target, "**Stopped.**", ended=True)
+        return "**Stopped.**", target
+
+    async def show_status(webrtc_id):
+        """On the browser's "fetch_output": the connection's latest status (see `publish`). Not a generator
+        and not queued, unlike fastrtc's `on_additional_outputs` (an async generator): queued, the finished
+        generator's last output is re-sent when it ends, over anything shown since ("Stopped."); without
+        the queue (as this app had it), every fetch starts a new generator over POST /run/predict, Gradio
+        keys streamed outputs by id(generator), CPython reuses the id of the previous (dropped) one, and the
+        update goes out as an incremental diff ([["replace", ...]]) that a queue-less client applies as a
+        plain value: the Markdown throws (`i.trim is not a function`), the File shows one "Uploading…" row
+        per edit, and the page stops updating (Speak no longer plays)."""
+        with shown_lock:
+            entry = shown.get(webrtc_id)
+        if entry is None:
+            return gr.update(), gr.update(), gr.update()
+        status, path, ended = entry
+        return status, path or gr.update(), webrtc_id if ended else gr.update()
 
     choices = voice_choices(engine, library)
     with gr.Row():
@@ -276,18 +371,33 @@ def speak_tab(engine, library, settings: ServingSettings, options: UiOptions, se
                 speak_btn = gr.Button("Speak", variant="primary")
                 stop_btn = gr.Button("Stop", variant="stop")
         with gr.Column(scale=2):
-            audio_out = WebRTC(label="Speech (WebRTC)", mode="receive", modality="audio",
+            audio_out = WebRTC(WEBRTC_IDLE, label="Speech (WebRTC)", mode="receive", modality="audio",
                                rtc_configuration=options.rtc[0], server_rtc_configuration=options.rtc[1])
             metrics = gr.Markdown("Press **Speak**: audio starts with the first chunk.")
             download = gr.File(label="Last utterance (WAV)")
+            ended = gr.Textbox(visible=False)   # the connection whose utterance ended last (-> TO_IDLE)
     inputs = [text, voice, language, instructions, temperature, top_k, top_p, penalty, seed, max_s, session]
-    speak_btn.click(check, inputs, None, queue=False)
-    audio_out.stream(speak, inputs=inputs, outputs=[audio_out], trigger=speak_btn.click,
+    checked = speak_btn.click(check, inputs, metrics, queue=False, show_progress="hidden")
+    audio_out.stream(speak, inputs=inputs, outputs=[audio_out], trigger=checked.success,
                      time_limit=settings.session_time_limit_s, concurrency_limit=settings.max_sessions)
-    audio_out.on_additional_outputs(lambda info, path: (info, path if path else gr.update()),
-                                    outputs=[metrics, download], queue=False, show_progress="hidden")
-    stop_btn.click(stop, session, metrics, queue=False)
+    audio_out.state_change(show_status, inputs=[audio_out], outputs=[metrics, download, ended], queue=False,
+                           trigger_mode="always_last", show_progress="hidden")
+    stop_btn.click(stop, [session, audio_out], [metrics, ended], queue=False)
+    # In the browser only: when an utterance has ended, put the WebRTC component back to idle (removes its
+    # wave, see WEBRTC_IDLE), unless it has moved on to a newer connection meanwhile. Never from Python:
+    # a gr.update() for the WebRTC component makes Gradio build a per-session copy of it
+    # (`block.__class__(**constructor_args)` in postprocess_data) without the stream's event handler, and
+    # the session's next offer fails ("'NoneType' object has no attribute '_clear_queue'").
+    ended.change(None, [ended, audio_out], audio_out, js=TO_IDLE)
     return voice
+
+
+@dataclass
+class Utterance:
+    """What Stop needs of a UI utterance: its engine request and its WebRTC connection."""
+    request_id: str
+    webrtc_id: str
+    stopped: threading.Event = field(default_factory=threading.Event)
 
 
 def voices_table(library) -> list[list[str]]:
@@ -333,14 +443,19 @@ def voices_tab(library):
 
 API_HELP = """
 **OpenAI-compatible speech:** `POST /v1/audio/speech` with `{"input": "Hello", "voice": "sample",
-"response_format": "wav"}` (wav, pcm, flac, mp3; `"stream": true` for chunked PCM, `"stream_format": "sse"`
-for base64 deltas). **Voices:** `GET/POST/DELETE /v1/audio/voices`. Full reference: [/docs](/docs).
+"response_format": "wav"}` (wav, pcm, flac, mp3, opus, aac, ulaw, alaw; `sample_rate` 8000-48000 for pcm;
+`"stream": true` for chunked audio, `"stream_format": "sse"` for base64 deltas; leading silence is trimmed
+unless `"trim_leading_silence": false`). **Voices:** `GET/POST/DELETE /v1/audio/voices`.
+Full reference: [/docs](/docs); Prometheus metrics at [/metrics](/metrics).
+
+**Streaming text over a WebSocket:** `/v1/audio/speech/stream`: send `start`, then `text` pieces as your LLM
+writes them, `flush` / `end` / `cancel`; receive `audio` events as speech is made, then `done` (see README).
 
 **Voice agents over WebRTC:** open a connection with fastrtc's `POST /webrtc/offer` (`{sdp, type, webrtc_id}`,
 send a silent audio track and a data channel), then `POST /v1/realtime/say {"webrtc_id", "text", "voice",
 "language", "final"}`: with `final: false` text is appended as your LLM streams it and speech starts as soon
 as the first clause is complete; `final: true` flushes the rest. `POST /v1/realtime/interrupt {"webrtc_id"}`
-stops the audio at once.
+stops the audio at once. No audio frames are sent between utterances.
 """
 
 
@@ -364,7 +479,8 @@ def build_ui(engine, library, settings: ServingSettings, options: UiOptions):
             info = library.create(name or "", clip, transcript=transcript or None,
                                   x_vector_only=bool(x_vector_only), engine=engine, progress=report)
         except RequestError as exc:
-            raise gr.Error(str(exc))
+            # the clip is Gradio's server-side copy (/tmp/gradio/<hash>/name.wav): show only its file name
+            raise gr.Error(re.sub(re.escape(str(Path(clip).parent)) + r"[/\\]", "", str(exc)))
         notice = f" {info.notice}" if getattr(info, "notice", None) else ""
         choices = voice_choices(engine, library)
         return (f"Saved voice **{info.name}** ({info.mode}, {info.duration_s:.1f} s).{notice}",
@@ -384,7 +500,15 @@ def build_ui(engine, library, settings: ServingSettings, options: UiOptions):
                 gr.update(choices=names, value=names[0] if names else None),
                 gr.update(choices=choices, value=choices[0] if choices else None))
 
-    with gr.Blocks(title="Qwen3-TTS real-time voice", theme=gr.themes.Soft()) as ui:
+    def refresh_voices(current_voice, current_pick):
+        """The voice lists as they are now (clones and deletes may come through the HTTP API)."""
+        choices, names = voice_choices(engine, library), [v.name for v in library.list()]
+        return (gr.update(choices=choices, value=current_voice if current_voice in choices else
+                          (choices[0] if choices else None)),
+                voices_table(library),
+                gr.update(choices=names, value=current_pick if current_pick in names else (names[0] if names else None)))
+
+    with gr.Blocks(title="Qwen3-TTS real-time voice", theme=gr.themes.Soft(), css=HIDE_EMPTY_TOASTS) as ui:
         session = gr.State()
         ui.load(lambda: uuid.uuid4().hex, outputs=session)
         gr.Markdown(f"## Qwen3-TTS real-time voice · {kind.replace('_', ' ')} {config.model_size}")
@@ -394,16 +518,20 @@ def build_ui(engine, library, settings: ServingSettings, options: UiOptions):
         if options.rtc_warning:
             gr.Markdown(f"> **WebRTC:** {options.rtc_warning}")
         with gr.Tabs():
-            with gr.Tab("Speak"):
+            with gr.Tab("Speak") as speak_tab_:
                 voice = speak_tab(engine, library, settings, options, session)
             with gr.Tab("Clone a voice", visible=kind == "base"):
                 create_btn, clone_inputs, clone_status = clone_tab(engine, library)
-            with gr.Tab("Voices", visible=kind == "base"):
+            with gr.Tab("Voices", visible=kind == "base") as voices_tab_:
                 table, pick, delete_btn, voices_status = voices_tab(library)
             with gr.Tab("API"):
                 gr.Markdown(API_HELP)
         delete_btn.click(delete_voice, pick, [voices_status, table, pick, voice])
         create_btn.click(create_voice, clone_inputs, [clone_status, voice, table, pick])
+        # The component values above are snapshots taken when the UI was built: read the library on every
+        # page load, and again when the Speak or Voices tab is opened.
+        for trigger in (ui.load, speak_tab_.select, voices_tab_.select):
+            trigger(refresh_voices, [voice, pick], [voice, table, pick], queue=False, show_progress="hidden")
     return ui
 
 
@@ -432,12 +560,17 @@ def build_agent_api(engine, library, settings: ServingSettings, lifecycle=None):
                                                  "retry shortly").response()
         return await call_next(request)
 
-    stream.mount(app)
+    # Only the route we use and document. `stream.mount(app)` would also add WS /websocket/offer (a mu-law
+    # audio socket for the agent handler) and POST /telephone/incoming + WS /telephone/handler (Twilio),
+    # unauthenticated, undocumented and untested here.
+    app.post("/webrtc/offer", tags=["realtime"], summary="Open a WebRTC session (fastrtc signalling)")(stream.offer)
+    _patch_fastrtc_track_end()
     app.state.rtc = (rtc_client, rtc_server)
     return app, rtc_warning
 
 
 def build_app(engine, library, settings: ServingSettings, lifecycle=None, options: UiOptions | None = None):
+    """The single-process app: the agent API (`build_agent_api`) with the Gradio UI mounted at `/`."""
     import gradio as gr
 
     from tts_engine.serving.errors import OneShapeMiddleware

@@ -246,6 +246,7 @@ class TTSEngine:
         died = self.talker._thread.died or self.pipeline._thread.died
         return {"healthy": self.healthy, "closed": self._closed, "stage0": self.talker.alive,
                 "stage1": self.pipeline.alive, "active_requests": self.active_request_count,
+                "held": self._held_counts(),
                 "error": None if died is None else f"{type(died).__name__}: {died}"}
 
     def _stage_died(self, exc: BaseException) -> None:
@@ -254,6 +255,16 @@ class TTSEngine:
             routes, self._routes = list(self._routes.values()), {}
         for route in routes:
             route.fail(StreamFailed(f"the engine stopped working ({type(exc).__name__}: {exc})"))
+
+    def _held_counts(self) -> dict[str, int] | None:
+        """How many requests each part holds; the tables belong to the stage threads, so a copy can meet a
+        change in flight (RuntimeError): try again, and give up quietly rather than fail a health probe."""
+        for _ in range(3):
+            try:
+                return {part: len(ids) for part, ids in self.debug_state().items()}
+            except RuntimeError:
+                continue
+        return None
 
     def debug_state(self) -> dict[str, set[str]]:
         """Per-request state still held by each part of the engine (for tests and diagnostics)."""

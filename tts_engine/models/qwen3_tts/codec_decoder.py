@@ -23,6 +23,7 @@ so states of different streams can be concatenated along the batch dimension and
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -756,7 +757,8 @@ class _DecoderGraphs:
         # On the decoder's own GPU: a capture runs on the current device's stream, and with Stage 1 on
         # another GPU than the talker (the thread's current device) it failed with "operation not
         # permitted when stream is capturing".
-        with torch.inference_mode(), torch.cuda.device(device):
+        on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+        with torch.inference_mode(), on_device:
             for b, n in sorted(set(shapes), key=lambda s: (-s[0] * s[1], -s[0])):   # largest first: smaller reuse the pool
                 self._capture(b, n)
         log.info("decoder: %d CUDA graphs captured in %.1f s (%.2f GiB allocated on %s)", len(self._graphs),
