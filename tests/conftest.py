@@ -15,6 +15,11 @@ import pytest
 
 from tests.checkpoints.tiny_qwen3_tts import write_tiny_checkpoint
 
+# Ray started by a test (tests/test_ray_serve.py) stays on this machine: with Ray's single-machine switch the
+# node address is 127.0.0.1 and every Ray server binds to it; without it Ray replaces 127.0.0.1 by the
+# machine's address and its gRPC servers listen on all interfaces. Read when Ray is imported, hence here.
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
 # Small KV cache and context: tiny models, 2 cores. Engines are started once per test module.
 ENGINE_OPTIONS = dict(max_num_seqs=8, max_model_len=512, kv_cache_gib=0.25)
 

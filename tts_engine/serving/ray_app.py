@@ -1,5 +1,6 @@
 """Scale out on Ray Serve: one whole engine (both stages) per replica, the same routes as `app.py`.
 
+    export PYTHONPATH=$PWD RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=tts_engine.serving.ray_app:proxy_middlewares
     ray start --head                       # first machine (others: ray start --address HEAD:6379)
     serve run configs/serve.yaml           # GPU: one replica per GPU, autoscaled on ongoing requests
     serve run configs/serve_tiny_cpu.yaml  # two replicas of the --demo tiny model on CPU
@@ -13,15 +14,17 @@ engine whether both stage threads run; an unhealthy or dead replica is replaced 
 WebRTC session affinity uses Serve's own routing: a replica announces the `webrtc_id`s of the peer
 connections it holds as its *multiplexed model ids*, and `SessionAffinityRouter` (this deployment's
 request router) sends a request whose `serve_multiplexed_model_id` header names a session to the
-replica holding it, and nowhere else; new offers go to the replica with the fewest sessions, stateless
-requests to the less busy of two (power of two choices). Clients send the header
-`serve_multiplexed_model_id: <webrtc_id>` with `/v1/realtime/say`, `interrupt` and `stats` (on the
-offer it is optional: an offer is placed by session count either way). The Gradio UI is not served
-here: `python app.py` is the single-process front end.
+replica holding it, and nowhere else. Agents send `serve_multiplexed_model_id: <webrtc_id>` with every
+call of a session, the offer included: the router places a new session on the replica with the fewest
+sessions and remembers it until the replica's announcement arrives. Requests without the header go to
+the less busy of two replicas. `ReplicaLossMiddleware` runs in Serve's HTTP proxy (Serve's proxy
+callback) and turns a replica lost mid-request into a 503 or an SSE error event. The Gradio UI is not
+served here: `python app.py` is the single-process front end.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -37,10 +40,10 @@ from ray.serve.config import RequestRouterConfig
 from ray.serve.request_router import MultiplexMixin, PendingRequest, RequestRouter, RunningReplica
 
 ROOT = Path(__file__).resolve().parents[2]
-SESSION_HEADER = "serve_multiplexed_model_id"     # Serve's own header for multiplexed ids
+SESSION_HEADER = "serve_multiplexed_model_id"     # Serve's own header for multiplexed ids: the webrtc_id
 REPLICA_HEADER = "x-tts-replica"
 OFFER_ROUTE = "/webrtc/offer"
-SESSION_WAIT_S = 3.0        # how long a request for an unknown session waits for its replica to be announced
+PLACEMENT_TTL_S = 30.0      # how long a router remembers where it placed a session its replica has not announced
 ANNOUNCE_EVERY_S = 1.0      # how often a replica re-checks its sessions (closed connections are withdrawn)
 log = logging.getLogger("tts_engine.serving.ray_app")
 
@@ -51,42 +54,171 @@ _REPLICA: TTSReplica | None = None   # the replica of this actor process (one pe
 class SessionAffinityRouter(MultiplexMixin, RequestRouter):
     """Strict session affinity over Serve's multiplexed-id bookkeeping.
 
-    - a request naming a session (header `serve_multiplexed_model_id`) held by a replica goes to that
-      replica only (it waits in Serve's queue while the replica is full: its audio cannot move);
-    - an offer, or a request naming a session nobody holds, goes to the replicas holding the fewest
-      sessions; a `say`/`interrupt`/`stats` for an unknown session first waits up to `SESSION_WAIT_S`
-      (a replica's announcement of a fresh session takes a moment to reach every router), then goes
-      anywhere and gets 404 `unknown_session`;
-    - everything else: the less loaded of two random replicas.
+    Where a request may go (`eligible`):
+    - it names a session (header `serve_multiplexed_model_id: <webrtc_id>`) that a replica announced: that
+      replica only (while it is full the request waits in Serve's queue: the peer connection cannot move);
+    - it names a session nobody announced (the offer that opens it, or a call right after the offer, before
+      the announcement reached this router): the replica this router placed the session on, else one of the
+      replicas with the fewest sessions, remembered for `PLACEMENT_TTL_S` or until the announcement comes.
+      A session that was never opened lands on a replica that answers 404 `unknown_session`;
+    - no session: any replica; Serve then takes the one with the shorter queue of two.
 
-    No FIFOMixin: the base router hands each chosen replica to exactly the request it was chosen for.
+    The path of a request is not visible here (Serve's metadata carries the route prefix only), so the offer
+    is told apart by nothing but its header: agents send the header on the offer too.
+
+    Serve's base router runs a pool of routing tasks; a task routes for the request it took from the queue,
+    or for none when other tasks already took them all (`pending_request=None`). Without `FIFOMixin` the
+    base hands a chosen replica only to the exact request it was chosen for, so a task without a request
+    finds replicas for nobody, and one that answers nothing backs off forever while counting as a running
+    task: requests queue up behind it and the proxy stalls. `FIFOMixin` would hand the replica to whichever
+    request is first in line, which breaks affinity. Here a task without a request routes on behalf of the
+    oldest waiting request it can place, and a replica found by any task goes to its own request or else to
+    the first waiting request that may go to that replica (`_fulfill_next_pending_request`).
     """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._placed: dict[str, tuple[Any, float]] = {}   # session -> (replica id, when placed), not yet announced
+
+    def eligible(self, request: PendingRequest, candidates: list[RunningReplica]) -> list[RunningReplica]:
+        """The replicas among `candidates` that `request` may go to now."""
+        session = request.metadata.multiplexed_model_id
+        if not session:
+            return list(candidates)
+        home = self._home(session)
+        return [r for r in candidates if r.replica_id == home]
+
+    def _home(self, session: str):
+        """The id of the replica that holds (or will hold) `session`, placing it if nobody does."""
+        # a holder that died is dropped from `_replicas` at once, from the announced ids only on the controller's
+        # next update: its sessions are gone, so such a session is placed anew (and answered 404 there)
+        holders = [rid for rid in self._multiplexed_model_id_to_replica_ids.get(session, ()) if rid in self._replicas]
+        now = time.monotonic()
+        if holders:
+            self._placed.pop(session, None)
+            return holders[0]
+        placed = self._placed.get(session)
+        if placed is not None and placed[0] in self._replicas and now - placed[1] < PLACEMENT_TTL_S:
+            return placed[0]
+        for name, (_, when) in list(self._placed.items()):
+            if now - when >= PLACEMENT_TTL_S:
+                del self._placed[name]
+        if not self._replicas:
+            return None
+        load = {rid: len(replica.multiplexed_model_ids) for rid, replica in self._replicas.items()}
+        for rid, _ in self._placed.values():      # placed here, not announced yet: count them too
+            if rid in load:
+                load[rid] += 1
+        fewest = min(load.values())
+        home = random.choice([rid for rid, n in load.items() if n == fewest])
+        self._placed[session] = (home, now)
+        return home
+
+    def _waiting(self) -> list[PendingRequest]:
+        """Requests not yet given a replica, oldest first (cancelled and fulfilled ones dropped from the front)."""
+        queue = self._pending_requests_to_fulfill
+        while queue and queue[0].future.done():
+            queue.popleft()
+        return [pr for pr in queue if not pr.future.done()]
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
-        if pending_request is None:
-            # A routing task with no request of its own: the base router (without FIFOMixin, which would hand
-            # the replica to whichever request is first in line and break affinity) has nothing to give a
-            # replica to, so answering here would spin on queue-length probes. Nothing: it backs off.
-            return []
-        candidates = list(candidate_replicas)
-        if pending_request is not None:  # (always, past the early return)
-            pending_request.routing_context.should_backoff = True   # an empty answer sleeps before the retry
-            meta = pending_request.metadata
-            session, offer = meta.multiplexed_model_id, meta.route.endswith(OFFER_ROUTE)
-            if session:
-                holders = [self._replicas[r] for r in self._multiplexed_model_id_to_replica_ids.get(session, ())
-                           if r in self._replicas]
-                if holders:
-                    return [holders]
-                if not offer and time.time() - pending_request.created_at < SESSION_WAIT_S:
-                    return []
-            if session or offer:
-                fewest = self._get_replica_ids_with_fewest_multiplexed_models()
-                candidates = [r for r in candidates if r.replica_id in fewest] or candidates
-        if not candidates:
-            return []
-        return [random.sample(candidates, min(2, len(candidates)))]
+        if pending_request is not None and not pending_request.future.done():
+            pending_request.routing_context.should_backoff = True   # nothing eligible: sleep before the retry
+            chosen = self.eligible(pending_request, candidate_replicas)
+            return [_two(chosen)] if chosen else []
+        # A routing task with no request of its own (or whose request another task placed): route for the
+        # oldest waiting request that can be placed now.
+        waiting = self._waiting()
+        for request in waiting:
+            chosen = self.eligible(request, candidate_replicas)
+            if chosen:
+                return [_two(chosen)]
+        # Nothing waits (the task then sees it has nothing to do and ends), or what waits has no replica to go
+        # to yet: back off and look again.
+        return [] if waiting else [list(candidate_replicas)]
+
+    def _fulfill_next_pending_request(self, replica: RunningReplica, request_metadata=None) -> None:
+        own = self._get_pending_request_matching_internal_request_id(request_metadata)
+        if own is not None:            # chosen for this request by `choose_replicas`: eligible by construction
+            self._hand_over(own, replica)
+            return
+        for request in self._waiting():
+            if self.eligible(request, [replica]):
+                self._hand_over(request, replica)
+                return
+
+    def _hand_over(self, request: PendingRequest, replica: RunningReplica) -> None:
+        self._record_queue_wait_time(request)
+        request.future.set_result(replica)
+        self._remove_pending_request_from_indices(request)
+
+
+def _two(replicas: list[RunningReplica]) -> list[RunningReplica]:
+    """Power of two choices: Serve sends the request to the one with the shorter queue."""
+    return random.sample(replicas, 2) if len(replicas) > 2 else list(replicas)
+
+
+# ---- Serve's HTTP proxy: a replica lost mid-request ------------------------------------------------
+PROXY_CALLBACK = "tts_engine.serving.ray_app:proxy_middlewares"   # RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH
+
+
+class ReplicaLossMiddleware:
+    """Runs inside Serve's HTTP proxy (Serve's proxy callback, not a proxy of ours) and makes a lost replica
+    answer clearly.
+
+    When the replica process serving a request dies, Serve's proxy (2.55) sends nothing before the status line
+    (uvicorn then answers a bare `500 Internal Server Error` in plain text) and, once the status line went out,
+    just stops the body. Here, in the one error shape: nothing answered yet -> 503 `engine_unavailable` with
+    `Retry-After` (a retry reaches a live replica); an SSE stream cut short -> a last `error` event (the same
+    event our SSE route sends for a failure mid-stream), then the stream ends. A raw audio stream cut short
+    stays cut short (the connection closes without the final chunk): appending bytes would corrupt the audio,
+    and a clean end would pass for a complete file.
+    """
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        seen = {"started": False, "ended": False, "sse": False}
+
+        async def watch(message) -> None:
+            if message["type"] == "http.response.start":
+                seen["started"] = True
+                kind = dict(message.get("headers") or ()).get(b"content-type", b"")
+                seen["sse"] = kind.startswith(b"text/event-stream")
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                seen["ended"] = True
+            await send(message)
+
+        await self.app(scope, receive, watch)
+        if seen["ended"]:
+            return
+        from fastapi.responses import JSONResponse
+
+        from tts_engine.serving.errors import ApiError
+
+        error = ApiError("engine_unavailable", "the replica serving this request stopped before it finished "
+                                               "(its process died); retry: Serve routes it to a live replica")
+        if not seen["started"]:
+            log.warning("%s %s: no answer from the replica; answered 503", scope.get("method"), scope.get("path"))
+            # built here, not error.response(): the proxy's metrics are never scraped (each replica counts its own)
+            response = JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+            await response(scope, receive, send)
+        elif seen["sse"]:
+            log.warning("%s: SSE stream cut short by a lost replica; error event sent", scope.get("path"))
+            event = json.dumps({"type": "error", **error.body()}, separators=(",", ":"))
+            await send({"type": "http.response.body", "body": f"data: {event}\n\n".encode(), "more_body": False})
+
+
+def proxy_middlewares() -> list:
+    """Serve's HTTP proxy callback (`RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH`, set where Ray starts)."""
+    from starlette.middleware import Middleware
+
+    return [Middleware(ReplicaLossMiddleware)]
 
 
 # ---- the replica ---------------------------------------------------------------------------------

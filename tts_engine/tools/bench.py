@@ -635,7 +635,7 @@ async def bench_webrtc(args, report: Callable[[dict], None]) -> list[dict]:
             await agent.open(client)
             await asyncio.sleep(0.5)                  # let the idle stream settle
             t0 = time.perf_counter()
-            r = await client.post(args.webrtc + "/v1/realtime/say", json={
+            r = await client.post(args.webrtc + "/v1/realtime/say", headers=agent.headers, json={
                 "webrtc_id": webrtc_id, "text": TEXTS[i % len(TEXTS)], "voice": args.voice, "language": "english",
                 "final": True})
             r.raise_for_status()

@@ -30,8 +30,9 @@ class AgentSession:
 
     @property
     def headers(self) -> dict[str, str]:
-        """Send these with `say` / `interrupt` / `stats`: behind Ray Serve they route the call to the replica
-        holding this session (Serve's multiplexed-id header); a single process ignores them."""
+        """Sent with every call of this session (offer, `say`, `interrupt`, `stats`): behind Ray Serve they
+        route the call to the replica holding the session (Serve's multiplexed-id header; on the offer they let
+        the router place the session and remember where); a single process ignores them."""
         return {"serve_multiplexed_model_id": self.webrtc_id}
 
     async def offer(self, client) -> "object":
@@ -45,7 +46,7 @@ class AgentSession:
         self.pc.on("track", self._on_track)
         self.pc.on("connectionstatechange", self._on_state)
         await self.pc.setLocalDescription(await self.pc.createOffer())
-        response = await client.post(self.url + "/webrtc/offer", json={
+        response = await client.post(self.url + "/webrtc/offer", headers=self.headers, json={
             "sdp": self.pc.localDescription.sdp, "type": "offer", "webrtc_id": self.webrtc_id})
         if response.status_code == 200 and response.json().get("type") == "answer":
             await self.pc.setRemoteDescription(RTCSessionDescription(sdp=response.json()["sdp"], type="answer"))
