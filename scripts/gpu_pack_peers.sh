@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run HERE (a machine with pip access): package the two peers of issue 9 items 7-8 for the GPU image
 # (python 3.12, torch 2.11.0+cu130, transformers 5.17.0, no network) into ONE xz part under the
-# git-ignored gpu_wheels/:   gpu_wheels/p3/peers.tar.xz   (< 55 MiB: it travels beside the repo)
+# git-ignored gpu_wheels/:   gpu_wheels/p5/peers.tar.xz   (< 55 MiB: it travels beside the repo)
 # Unpacked on the GPU by scripts/gpu_peers_bench.sh into three package folders under /tmp/peers:
 #   common/  what both peers import and the image lacks: librosa 0.11 and its missing dependencies
 #            (audioread, decorator, pooch, platformdirs, soxr), soundfile + cffi + pycparser, the `sox`
@@ -36,9 +36,9 @@ for part in common qwen fast; do
 done
 # what each folder holds, for the log
 for part in common qwen fast; do echo "$part: $(ls $B/site/$part | grep -v dist-info | tr '\n' ' ')"; done
-rm -rf $W/p3 && mkdir -p $W/p3
-tar -C $B/site -cf - common qwen fast | xz -T0 -9 > $W/p3/peers.tar.xz
+rm -rf $W/p5 && mkdir -p $W/p5
+tar -C $B/site -cf - common qwen fast | xz -T0 -9 > $W/p5/peers.tar.xz
 rm -rf $B
-size=$(stat -c %s $W/p3/peers.tar.xz)
-echo "gpu_wheels/p3/peers.tar.xz: $size bytes ($((size / 1048576)) MiB)"
+size=$(stat -c %s $W/p5/peers.tar.xz)
+echo "gpu_wheels/p5/peers.tar.xz: $size bytes ($((size / 1048576)) MiB)"
 [ "$size" -lt $((55 * 1048576)) ] || { echo "too large for one device call beside the repo" >&2; exit 1; }

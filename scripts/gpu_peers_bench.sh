@@ -8,12 +8,12 @@
 # then one table with ratios (peer / ours). Results in $OUT: peers_{qwen,fast,ours}.json, peers.json,
 # peers.md, peers.log.
 # Needs /tmp/site (our vLLM stack: scripts/gpu_setup.sh with gpu_wheels/p1 and p2 in the two calls before)
-# and gpu_wheels/p3/peers.tar.xz in this call's carry (made here by scripts/gpu_pack_peers.sh), which this
+# and gpu_wheels/p5/peers.tar.xz in this call's carry (made here by scripts/gpu_pack_peers.sh), which this
 # script unpacks into /tmp/peers/{common,qwen,fast}. Each peer runs in its own process with its own
 # PYTHONPATH: the official one on our stack's transformers 4.57.3 (/tmp/site), faster-qwen3-tts on its
 # own transformers 5.17.0 WITHOUT /tmp/site. Each part is bounded by `timeout`; typical total ~5 min.
 # Knobs: FRAMES (50), REQUESTS (4), FAST_CHUNKS (1,8), MAX_SEQS (64), GPU_UTIL (0.3), T_BUILD/T_QWEN/T_FAST/T_OURS
-# (timeouts, s). CPU dry run: SHAPE=tiny MAX_SEQS=2 SITE=<folder with .ok> PEERS=<p3 unpacked for the host's
+# (timeouts, s). CPU dry run: SHAPE=tiny MAX_SEQS=2 SITE=<folder with .ok> PEERS=<p5 unpacked for the host's
 # Python> CKPT_DIR=<folder> PY=<python> (faster-qwen3-tts then runs its code eagerly: bench._faster_without_cuda).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +28,7 @@ say "start (frames $FR, requests $N)"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$LOG"
 [ -f $SITE/.ok ] || { say "no /tmp/site: run scripts/gpu_setup.sh with gpu_wheels/p1, then p2, first"; exit 2; }
 if [ ! -f $P/.ok ]; then
-  mkdir -p $P && xz -dc -T0 gpu_wheels/p3/peers.tar.xz | tar -x -C $P && touch $P/.ok || { say "cannot unpack p3"; exit 2; }
+  mkdir -p $P && xz -dc -T0 gpu_wheels/p5/peers.tar.xz | tar -x -C $P && touch $P/.ok || { say "cannot unpack p5"; exit 2; }
 fi
 say "peers unpacked: $(ls $P | tr '\n' ' ')"
 mkdir -p $CK

@@ -17,6 +17,6 @@ for first in /tmp/parts/*.part00of*; do
   [ -f "/tmp/parts/.$name.ok" ] && continue
   [ "$(ls /tmp/parts/$name.part*of* | wc -l)" -ge "$total" ] || continue
   dest=/tmp/site; [ "$name" = peers ] && dest=/tmp/peers
-  cat /tmp/parts/$name.part*of* | xz -dc -T0 | tar -x -C $dest && touch "/tmp/parts/.$name.ok" && echo "unpacked $name into $dest"
+  cat /tmp/parts/$name.part*of* | xz -dc -T0 | tar -x -C $dest && touch "/tmp/parts/.$name.ok" "$dest/.ok" && echo "unpacked $name into $dest"
 done
 for need in site "$@"; do [ -f "/tmp/parts/.$need.ok" ] || { echo "set $need not complete yet"; exit 1; }; done
