@@ -8,7 +8,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
-S=/tmp/soak; CK=/tmp/ckpt; OUT=${OUT:-/tmp/bench_out}
+S=/tmp/soak; CK=/tmp/ckpt_soak;  # its own copy: other calls build /tmp/ckpt meanwhile
+ OUT=${OUT:-/tmp/bench_out}
 case "${1:-}" in
 start)
   mkdir -p $S $CK
