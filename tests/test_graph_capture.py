@@ -40,7 +40,7 @@ class _Recorder:
 
         @contextlib.contextmanager
         def stream(s):
-            recorder.events.append(("stream", s.device))
+            recorder.events.append(("stream", s.device, id(s)))
             yield
 
         @contextlib.contextmanager
@@ -58,6 +58,7 @@ class _Recorder:
 
 
 def test_capture_runs_on_a_stream_of_the_tensors_gpu(monkeypatch):
+    monkeypatch.setattr(graph_capture, "_CAPTURE_STREAMS", {})
     recorder = _Recorder()
     recorder.install(monkeypatch)
     calls = []
@@ -72,3 +73,8 @@ def test_capture_runs_on_a_stream_of_the_tensors_gpu(monkeypatch):
     assert calls == [stage1] * (graph_capture.WARMUP_RUNS + 1)          # warm-ups, then the captured run
     assert ("capture", stage1, stage1, "thread_local") in recorder.events  # its own stream, its own GPU
     assert recorder.current == torch.device("cuda:0")                    # the caller's device restored
+    graph_capture.capture_on_device(run, stage1, pool=None)
+    streams = [e for e in recorder.events if e[0] == "stream"]
+    # every capture of a device on the same stream, so graphs share their pool's freed blocks
+    assert len({sid for _, _, sid in streams}) == 1 and len(streams) == 2
+    assert all(device == stage1 for _, device, _ in streams)
