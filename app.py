@@ -542,7 +542,7 @@ def build_app(engine, library, settings: ServingSettings, lifecycle=None, option
     from fastrtc import Stream
 
     from tts_engine.serving.errors import ApiError, OneShapeMiddleware
-    from tts_engine.serving.server import build_api
+    from tts_engine.serving.server import build_api, engine_batch
 
     rtc_client, rtc_server, rtc_warning = rtc_configuration()
     stream = Stream(make_agent_handler_class()(engine, settings.preroll_s), mode="send-receive", modality="audio",
@@ -566,7 +566,7 @@ def build_app(engine, library, settings: ServingSettings, lifecycle=None, option
     _patch_fastrtc_track_end()
     options = dataclasses.replace(options or UiOptions(), rtc=(rtc_client, rtc_server), rtc_warning=rtc_warning)
     ui = build_ui(engine, library, settings, options)
-    ui.queue(default_concurrency_limit=settings.max_concurrent)
+    ui.queue(default_concurrency_limit=settings.concurrency_limit(engine_batch(engine)))
     app = gr.mount_gradio_app(app, ui, path="/")
     app.add_middleware(OneShapeMiddleware)   # the UI's own 404s for unknown paths, in the one error shape
     return app

@@ -12,12 +12,13 @@ PLAT=""; for n in 5 12 17 24 26 27 28 31 34 35; do PLAT="$PLAT --platform manyli
 PLAT="$PLAT --platform manylinux2014_x86_64 --platform manylinux1_x86_64"
 python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp $PLAT -d $W/dl \
   "ray[serve]==2.55.1" fastapi==0.163.2 starlette==0.52.1 uvicorn==0.54.0 python-multipart==0.0.34 soxr==1.0.0 \
-  gradio==5.50.0 fastrtc==0.0.34 aiortc==1.16.0 av==18.1.0 pydantic==2.12.3 pydantic_core==2.41.4 websockets==15.0.1
-# In the GPU image already (KINDS.md) or in the vLLM pack (gpu_pack.sh): not carried twice.
+  gradio==5.50.0 fastrtc==0.0.34 aiortc==1.16.0 av==18.1.0 pydantic==2.12.3 pydantic_core==2.41.4 websockets==15.0.1 protobuf==6.33.6
+# In the GPU image already (KINDS.md) or in the vLLM pack (gpu_pack.sh): not carried twice. protobuf is carried:
+# the image's newer one breaks Ray 2.55.1's generated code (Serve controller: FieldDescriptor has no `label`).
 HAVE="absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs certifi charset-normalizer
 click cloudpickle colorama contourpy cycler filelock fonttools frozenlist fsspec grpcio h11 hf-xet httpcore httpx
 huggingface-hub idna jinja2 joblib kiwisolver lazy-loader llvmlite markdown-it-py markupsafe matplotlib mdurl msgpack
-multidict networkx numba numpy packaging pandas pillow pip propcache protobuf psutil pygments pyparsing
+multidict networkx numba numpy packaging pandas pillow pip propcache psutil pygments pyparsing
 python-dateutil pyyaml regex requests rich safetensors scikit-learn scipy setuptools shellingham six sympy
 threadpoolctl tokenizers torch tqdm transformers typer typing-extensions typing-inspect urllib3 uvloop wheel wrapt
 yarl zipp ruff pydantic pydantic-core annotated-types typing-inspection openai jiter distro sniffio soundfile cffi
