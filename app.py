@@ -574,11 +574,12 @@ def build_app(engine, library, settings: ServingSettings, lifecycle=None, option
     import gradio as gr
 
     from tts_engine.serving.errors import OneShapeMiddleware
+    from tts_engine.serving.server import engine_batch
 
     app, rtc_warning = build_agent_api(engine, library, settings, lifecycle)
     options = dataclasses.replace(options or UiOptions(), rtc=app.state.rtc, rtc_warning=rtc_warning)
     ui = build_ui(engine, library, settings, options)
-    ui.queue(default_concurrency_limit=settings.max_concurrent)
+    ui.queue(default_concurrency_limit=settings.concurrency_limit(engine_batch(engine)))
     app = gr.mount_gradio_app(app, ui, path="/")
     app.add_middleware(OneShapeMiddleware)   # the UI's own 404s for unknown paths, in the one error shape
     return app

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run HERE (a machine with pip access): package vLLM 0.23.0 and the Python packages the GPU image lacks
 # into two ~59 MiB parts that fit the device tool's 64 MiB-per-call transfer limit.
-#   gpu_wheels/p1/site.part00, gpu_wheels/p2/site.part01   (gpu_wheels/ is git-ignored)
+#   gpu_wheels/p1/site.part00of02, gpu_wheels/p2/site.part01of02   (gpu_wheels/ is git-ignored)
 # The GPU image has python 3.12, torch 2.11.0+cu130, transformers 5.x and no vLLM; see BENCHMARKS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,5 +27,5 @@ rm -rf $W/site/vllm/entrypoints/serve/instrumentator/static
 tar -C $W/site -cf - . | xz -T0 -6 > $W/site.tar.xz
 rm -rf $W/p1 $W/p2 && mkdir $W/p1 $W/p2
 split -n 2 -d $W/site.tar.xz $W/site.part
-mv $W/site.part00 $W/p1/ && mv $W/site.part01 $W/p2/
+mv $W/site.part00 $W/p1/site.part00of02 && mv $W/site.part01 $W/p2/site.part01of02
 ls -la $W/p1 $W/p2

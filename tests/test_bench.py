@@ -17,6 +17,7 @@ from tts_engine.tools.bench import (
     first_audible_sample,
     main,
     markdown_table,
+    peer_comparison,
     player_underruns,
     summarize,
 )
@@ -89,3 +90,64 @@ def test_url_mode_measures_a_running_server(live_app, tmp_path):
         assert row[key] is not None and row[key] > 0, key
     for request in row["requests_detail"]:
         assert 0 < request["audio_s"] <= 10 * 0.08 + 1e-6 and request["chunks"]
+
+
+def _doc(gpu: bool, *rows: dict) -> dict:
+    return {"environment": {"gpu": "NVIDIA H200"} if gpu else {}, "results": list(rows)}
+
+
+def test_peer_comparison_and_combine(tmp_path):
+    """`--combine`: ours and each peer at one stream in one table, ratios = peer / ours."""
+    ours = {"name": "ours", "level": 1, "variant": "default", "first_chunk_ms_p50": 25.0, "first_chunk_ms_p95": 30.0,
+            "first_audible_ms_p50": 25.0, "frame_ms_p50": 8.0, "rtf_p50": 0.1}
+    ref = {"name": "official qwen-tts", "level": 1, "variant": "reference", "device": "cuda", "dtype": "bfloat16",
+           "first_chunk_ms_p50": 8000.0, "first_chunk_ms_p95": 9000.0, "first_audible_ms_p50": 8000.0,
+           "frame_ms_p50": 160.0, "rtf_p50": 2.0}
+    fast = {"name": "faster-qwen3-tts chunk 8", "level": 1, "variant": "faster-qwen3-tts", "first_chunk_ms_p50": 250.0,
+            "first_chunk_ms_p95": 260.0, "first_audible_ms_p50": 250.0, "frame_ms_p50": 24.0, "rtf_p50": 0.3,
+            "gen_ms_per_frame_p50": 20.0}
+    files = []
+    for name, doc in (("fast", _doc(True, fast, {"name": "component", "level": 1})),
+                      ("ours", _doc(True, ours, {**ours, "level": 16})), ("ref", _doc(True, ref))):
+        files.append(tmp_path / f"{name}.json")
+        files[-1].write_text(json.dumps(doc))
+    comparison = peer_comparison([json.loads(f.read_text()) for f in files])
+    assert [r["name"] for r in comparison["rows"]] == ["ours", "faster-qwen3-tts chunk 8", "official qwen-tts"]
+    assert all(r["device"] == "cuda" for r in comparison["rows"])
+    by_peer = {r["peer"]: r for r in comparison["ratios"]}
+    assert by_peer["official qwen-tts"] == {"peer": "official qwen-tts", "first_chunk": 320.0, "first_chunk_p95": 300.0,
+                                            "first_audible": 320.0, "per_frame": 20.0, "rtf": 20.0}
+    assert by_peer["faster-qwen3-tts chunk 8"]["first_chunk"] == 10.0 and by_peer["faster-qwen3-tts chunk 8"]["rtf"] == 3.0
+    out, md = tmp_path / "peers.json", tmp_path / "peers.md"
+    assert main(["--combine", *map(str, files), "--json", str(out), "--markdown", str(md)]) == 0
+    assert json.loads(out.read_text())["ratios"] == comparison["ratios"]
+    text = md.read_text()
+    assert "| ours | cuda |" in text and "peer / ours" in text and "| 20.0 |" in text
+
+
+def test_faster_rope_shim_falls_back_to_rope_parameters(monkeypatch):
+    """The bench-only shim for faster-qwen3-tts under transformers >= 5.17: configs with `rope_theta` keep
+    the registered initializer; a config with only `rope_parameters` (MimiConfig in 5.x) gets the plain
+    RoPE frequencies instead of an AttributeError."""
+    from types import SimpleNamespace
+
+    import torch
+
+    pytest.importorskip("qwen_tts")
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from tts_engine.tools.bench import _faster_rope_shim
+
+    if "default" not in ROPE_INIT_FUNCTIONS:
+        ROPE_INIT_FUNCTIONS["default"] = lambda config, *a, **k: (torch.zeros(1), 1.0)
+        monkeypatch.delitem(ROPE_INIT_FUNCTIONS, "default")
+    monkeypatch.setitem(ROPE_INIT_FUNCTIONS, "default", ROPE_INIT_FUNCTIONS["default"])   # restored afterwards
+    original = ROPE_INIT_FUNCTIONS["default"]
+    assert _faster_rope_shim() is not None and _faster_rope_shim() is None            # once
+    shimmed = ROPE_INIT_FUNCTIONS["default"]
+    legacy = SimpleNamespace(rope_theta=1000.0, hidden_size=64, num_attention_heads=4, head_dim=16)
+    assert torch.equal(shimmed(legacy)[0], original(legacy)[0])
+    mimi_5x = SimpleNamespace(rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, hidden_size=32,
+                              num_attention_heads=4, head_dim=8)
+    inv_freq, scale = shimmed(mimi_5x)
+    assert scale == 1.0 and torch.allclose(inv_freq, torch.tensor([1.0, 0.1, 0.01, 0.001]))

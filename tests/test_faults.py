@@ -29,6 +29,22 @@ def _request(voice, frames: int = 30) -> SpeechRequest:
     return SpeechRequest(text="A fault should stay with its own request.", voice=voice, max_new_tokens=frames, **GREEDY)
 
 
+def test_soak_tool_counts_hangups_and_leaves_nothing_in_the_engine(engine, voice):
+    """tools/soak.py (the H200 64-stream soak) on the tiny engine: streams loop, every other listener
+    hangs up, windows are sampled with host memory, and nothing stays in the engine afterwards."""
+    import asyncio
+
+    from tts_engine.tools.soak import Soak, summarize
+
+    soak = Soak(engine, streams=2, duration_s=3.0, frames=(3, 6), hangup_every=2, voice=voice)
+    samples = asyncio.run(soak.run(1.0, lambda sample: None))
+    summary = summarize(soak, samples, asyncio.run(soak.leftover()))
+    assert summary["totals"]["requests"] >= 2 and summary["totals"]["hangups"] >= 1
+    assert summary["totals"]["errors"] == 0 and summary["left_in_engine"] == {}
+    assert sum(s["done"] for s in samples) == summary["totals"]["requests"]
+    assert summary["memory"]["host_rss_mib"]["after_warmup"] > 0 and len(samples) >= 3
+
+
 def test_a_failing_decode_fails_only_its_request(engine, voice, monkeypatch):
     pipeline = engine.pipeline
     original = pipeline._decode

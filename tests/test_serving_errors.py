@@ -86,3 +86,25 @@ def test_unknown_voice_is_the_same_mistake_on_every_route(client):
     r = client.post("/v1/audio/speech", json={"input": "hi", "voice": "nobody"})
     assert _shape(r, 400, "unknown_voice")["param"] == "voice"
     _shape(client.get("/v1/audio/voices/nobody"), 404, "voice_not_found")
+
+
+def test_concurrency_limit_follows_the_engine_batch_unless_set():
+    """Unset, the HTTP limit is what the engine steps at once (64 on a GPU config), never under 8; set, it
+    is the operator's number. A fixed 8 turned 120 of 128 streams away with 503 on an H200."""
+    from types import SimpleNamespace
+
+    from tts_engine.serving.errors import ApiError, Slots
+    from tts_engine.serving.server import engine_batch
+    from tts_engine.serving.settings import MIN_CONCURRENT, ServingSettings
+
+    gpu_engine = SimpleNamespace(settings=SimpleNamespace(talker=SimpleNamespace(max_num_seqs=64)))
+    assert engine_batch(gpu_engine) == 64 and engine_batch(object()) == 0
+    assert ServingSettings().concurrency_limit(64) == 64
+    assert ServingSettings().concurrency_limit(2) == MIN_CONCURRENT
+    assert ServingSettings(max_concurrent=3).concurrency_limit(64) == 3
+    slots = Slots(ServingSettings(), engine_batch=64)
+    for _ in range(64):
+        slots.acquire()
+    with pytest.raises(ApiError) as busy:
+        slots.acquire()
+    assert busy.value.code == "server_busy" and "limit 64" in str(busy.value)

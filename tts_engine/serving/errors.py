@@ -222,14 +222,15 @@ class Slots:
     """Counts running synthesis/cloning requests against a limit read on every acquire (so it can be
     changed while serving); past it, 503 `server_busy` with Retry-After."""
 
-    def __init__(self, settings):
+    def __init__(self, settings, engine_batch: int = 0):
         self.settings = settings
+        self.engine_batch = engine_batch      # what the engine steps at once: the default limit
         self.active = 0
         self._lock = threading.Lock()
 
     def acquire(self) -> None:
         with self._lock:
-            limit = max(1, int(self.settings.max_concurrent))
+            limit = self.settings.concurrency_limit(self.engine_batch)
             if self.active >= limit:
                 raise ApiError("server_busy", f"the server is busy ({self.active} requests running, limit {limit}); "
                                               "retry shortly")

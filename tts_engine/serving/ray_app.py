@@ -261,11 +261,9 @@ class TTSReplica:
         app_module.ensure_sample_voice(engine, self.library)
         preroll_ms = options.get("preroll_ms")
         preroll_ms = preroll_ms if preroll_ms is not None else (0 if engine.device.type == "cuda" else 800)
-        seqs = engine_max_num_seqs(config)
-        defaults = ServingSettings()
+        defaults = ServingSettings()   # max_concurrent unset: HTTP admission follows the engine's batch
         settings = ServingSettings(max_input_chars=int(options.get("max_input_chars", defaults.max_input_chars)),
                                    max_sessions=int(options.get("max_sessions", defaults.max_sessions)),
-                                   max_concurrent=max(defaults.max_concurrent, seqs),
                                    preroll_s=preroll_ms / 1000)
         lifecycle = Lifecycle()
         self.api, warning = app_module.build_agent_api(engine, self.library, settings, lifecycle)

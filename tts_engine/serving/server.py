@@ -28,6 +28,12 @@ class _NoSessions:
 NEW_WORK = {("POST", "/v1/audio/speech"), ("POST", "/v1/audio/voices"), ("POST", "/webrtc/offer")}
 
 
+def engine_batch(engine) -> int:
+    """Requests the engine steps together (Stage 0's max_num_seqs); 0 when unknown (a test double)."""
+    stage = getattr(getattr(engine, "settings", None), "talker", None)
+    return int(getattr(stage, "max_num_seqs", 0) or 0)
+
+
 def build_api(engine, library: VoiceLibrary, settings: ServingSettings | None = None,
               sessions: SessionLookup | None = None, lifecycle: Lifecycle | None = None) -> FastAPI:
     """The HTTP API (speech, voices), the realtime agent routes over `sessions`, the speech WebSocket
@@ -39,7 +45,7 @@ def build_api(engine, library: VoiceLibrary, settings: ServingSettings | None = 
                   description="Streaming text-to-speech with voice cloning: OpenAI-compatible HTTP API, "
                               "WebRTC voice-agent API and a browser UI at `/`.")
     install_error_handlers(app)
-    slots = Slots(settings)
+    slots = Slots(settings, engine_batch=engine_batch(engine))
     app.state.slots, app.state.settings, app.state.lifecycle = slots, settings, lifecycle
 
     @app.middleware("http")

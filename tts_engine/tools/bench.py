@@ -1,8 +1,12 @@
 """Benchmark: time to first audio, per-frame latency, real-time factor, throughput and playback
-underruns against concurrency, for our engine (and, on CPU, the official `qwen_tts` side by side).
+underruns against concurrency, for our engine, and one stream of two peers side by side: the official
+`qwen_tts` (`--reference`; float32 on CPU, bfloat16 on a GPU) and faster-qwen3-tts (`--faster-only`, from
+its own package folder: scripts/gpu_peers_bench.sh).
 
     python -m tts_engine.tools.bench --demo tiny --concurrency 1,4 --frames 40            # CPU smoke run
     python -m tts_engine.tools.bench --demo 0.6b --concurrency 1 --frames 8 --reference   # CPU, vs official
+    python -m tts_engine.tools.bench --demo 1.7b --concurrency 1 --frames 50 --faster-only --faster-chunks 1,8
+    python -m tts_engine.tools.bench --combine ours.json official.json faster.json --markdown peers.md
     python -m tts_engine.tools.bench --demo 1.7b --concurrency 1,4,16,64 --frames 100     # GPU
     python -m tts_engine.tools.bench --model Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice --speaker ryan
     python -m tts_engine.tools.bench --webrtc http://127.0.0.1:7860 --voice sample        # a running app
@@ -534,15 +538,33 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
     return rows
 
 
-# ---- the official implementation (CPU side-by-side) ----------------------------------------------
+# ---- the official implementation (side by side) ------------------------------------------------
+def _peer_device_dtype(args) -> tuple[str, Any]:
+    """Where a peer runs: the GPU in bfloat16 when there is one (as released), else the CPU in float32;
+    `--device` / `--dtype` override."""
+    import torch
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    return device, getattr(torch, dtype)
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+        torch.cuda.synchronize()
+
+
 def bench_reference(args, folder: Path, report: Callable[[dict], None]) -> list[dict]:
     """The official `qwen_tts` on the same checkpoint, texts and frame counts, one request at a time
-    (it has no streaming and no concurrent use): first audio = the whole request."""
-    import torch
+    (it has no streaming and no concurrent use): first audio = the whole request. On a GPU it runs in
+    bfloat16 with `device_map` on that GPU (codec too, as the official loader does) after one untimed
+    warm-up request; on the CPU in float32 with no warm-up."""
     from qwen_tts import Qwen3TTSModel
 
+    device, dtype = _peer_device_dtype(args)
+    on_gpu = device.startswith("cuda")
     t = time.perf_counter()
-    model = Qwen3TTSModel.from_pretrained(str(folder), dtype=torch.float32)
+    model = Qwen3TTSModel.from_pretrained(str(folder), dtype=dtype, **({"device_map": device} if on_gpu else {}))
     startup_s = time.perf_counter() - t
     talker = model.model.talker
     original = talker.generate
@@ -552,6 +574,7 @@ def bench_reference(args, folder: Path, report: Callable[[dict], None]) -> list[
         kw["min_new_tokens"] = kw.get("max_new_tokens", args.frames + 1)   # no early EOS: fixed frame counts
         start = time.perf_counter()
         out = original(*a, **kw)
+        _sync(device)
         timing["generate_s"] = time.perf_counter() - start
         return out
 
@@ -559,26 +582,35 @@ def bench_reference(args, folder: Path, report: Callable[[dict], None]) -> list[
     kind = model.model.tts_model_type if hasattr(model.model, "tts_model_type") else None
     kind = kind or json.loads((folder / "config.json").read_text())["tts_model_type"]
     speaker = args.speaker or (model.get_supported_speakers() or [None])[0]
+
+    def synthesize(text: str, frames: int):
+        gen = dict(max_new_tokens=frames + 1)
+        if kind == "custom_voice":
+            return model.generate_custom_voice(text=text, speaker=speaker, language="English", **gen)
+        if kind == "voice_design":
+            return model.generate_voice_design(text=text, instruct=args.instruct or "A calm voice.",
+                                               language="English", **gen)
+        clip = str(Path(args.ref_audio) if args.ref_audio else REPO / "assets" / "reference_en.wav")
+        return model.generate_voice_clone(text=text, language="English", ref_audio=clip,
+                                          x_vector_only_mode=True, **gen)
+
+    info = {"engine_startup_s": round(startup_s, 1), "variant": "reference", "device": device,
+            "dtype": str(dtype).removeprefix("torch.")}
     rows = []
     try:
+        if on_gpu:                  # CUDA context, cuBLAS handles, the allocator: not the request's cost
+            t = time.perf_counter()
+            synthesize(TEXTS[-1], min(args.frames, 8))
+            info["warmup_s"] = round(time.perf_counter() - t, 1)
+            log.info("official qwen-tts: loaded in %.1f s, warm-up request %.1f s", startup_s, info["warmup_s"])
         for level in sorted({1} | {int(x) for x in args.concurrency.split(",")}):
             if level != 1:
                 continue   # the reference is not safe to call concurrently (its own issue #350)
             results = []
             t_level = time.perf_counter()
             for i in range(args.requests or 4):
-                text = TEXTS[i % len(TEXTS)]
-                gen = dict(max_new_tokens=args.frames + 1)
                 start = time.perf_counter()
-                if kind == "custom_voice":
-                    wavs, sr = model.generate_custom_voice(text=text, speaker=speaker, language="English", **gen)
-                elif kind == "voice_design":
-                    wavs, sr = model.generate_voice_design(text=text, instruct=args.instruct or "A calm voice.",
-                                                           language="English", **gen)
-                else:
-                    clip = str(Path(args.ref_audio) if args.ref_audio else REPO / "assets" / "reference_en.wav")
-                    wavs, sr = model.generate_voice_clone(text=text, language="English", ref_audio=clip,
-                                                          x_vector_only_mode=True, **gen)
+                wavs, sr = synthesize(TEXTS[i % len(TEXTS)], args.frames)
                 total = time.perf_counter() - start
                 audio = np.asarray(wavs[0], dtype=np.float32)
                 r = RequestResult(request_id=f"ref-{i}", submitted_s=start - t_level, frames=audio.size // 1920,
@@ -590,11 +622,178 @@ def bench_reference(args, folder: Path, report: Callable[[dict], None]) -> list[
                 r.chunks = [(total, audio.size)]
                 results.append(r)
             row = summarize("official qwen-tts", 1, "sequential", results, time.perf_counter() - t_level,
-                            args.frames, {"engine_startup_s": round(startup_s, 1), "variant": "reference"})
+                            args.frames, info)
             rows.append(row)
             report(row)
     finally:
         talker.generate = original
+    return rows
+
+
+# ---- faster-qwen3-tts (the strongest pip-installable single-stream peer) ---------------------------
+def _faster_rope_shim() -> str | None:
+    """Bench-only fix for loading ANY Qwen3-TTS checkpoint with faster-qwen3-tts 0.5.4 under
+    transformers >= 5.17 (found on our random checkpoints; the released speech_tokenizer/config.json
+    has the same `encoder_config.rope_theta`).
+
+    faster-qwen3-tts loads through `qwen-tts-hf` 0.1.1.post1 (the `qwen_tts` port to transformers 5),
+    whose import registers `ROPE_INIT_FUNCTIONS["default"]` with a function that reads
+    `config.rope_theta`. transformers 5.x configs such as `MimiConfig` (the codec encoder) keep it in
+    `config.rope_parameters["rope_theta"]` only, and from 5.17.0 `PreTrainedModel._init_weights`
+    prefers `ROPE_INIT_FUNCTIONS["default"]` over the module's own `compute_default_rope_parameters`
+    (5.15.1 and 5.16.1 call the module's own): `AttributeError: 'MimiConfig' object has no attribute
+    'rope_theta'`. The shim keeps their function for configs that have `rope_theta` (qwen-tts's own)
+    and computes the plain RoPE frequencies from `rope_parameters` for the others. Returns what it did."""
+    import qwen_tts  # noqa: F401  (registers their "default" initializer)
+    import torch
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    theirs = ROPE_INIT_FUNCTIONS.get("default")
+    if theirs is None or getattr(theirs, "bench_shim", False):
+        return None
+
+    def default_rope(config, *args, **kwargs):
+        if hasattr(config, "rope_theta"):
+            return theirs(config, *args, **kwargs)
+        device = args[0] if args else kwargs.get("device")
+        params = config.rope_parameters
+        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        dim = int(dim * params.get("partial_rotary_factor", 1.0))
+        inv_freq = 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+        return inv_freq.to(device), 1.0
+
+    default_rope.bench_shim = True
+    ROPE_INIT_FUNCTIONS["default"] = default_rope
+    return "ROPE_INIT_FUNCTIONS['default'] falls back to config.rope_parameters['rope_theta'] (MimiConfig)"
+
+
+def _faster_without_cuda(folder: Path, dtype):
+    """CPU dry run of the faster-qwen3-tts path (tests this bench where there is no GPU): their loader,
+    wrapper, prompt building, streaming loop, sampling and codec decode, with the two graph classes'
+    capture/replay swapped for the eager calls they capture. Not a measurement."""
+    import torch
+    from faster_qwen3_tts import FasterQwen3TTS
+    from faster_qwen3_tts.predictor_graph import PredictorGraph
+    from faster_qwen3_tts.talker_graph import TalkerGraph
+    from qwen_tts import Qwen3TTSModel
+
+    torch.cuda.synchronize = lambda *a, **k: None          # this process has no GPU
+    torch.cuda.current_device = lambda: 0
+
+    def capture_predictor(self, num_warmup=3):
+        self._init_cache_layers()
+        self._build_attention_masks()
+        self.captured = True
+
+    def run_predictor(self, pred_input):
+        self.input_buf.copy_(pred_input)
+        self.static_cache.reset()
+        return self._full_loop().clone()
+
+    def capture_talker(self, prefill_len=100, num_warmup=3):
+        self._init_cache_layers()
+        self._build_attention_masks()
+        self.captured = True
+
+    def run_talker(self, input_embeds, position):
+        self.input_buf.copy_(input_embeds)
+        self.cache_position[0] = position
+        self._set_attention_mask(position)
+        delta = self.rope_deltas + self.cache_position[0].to(self.rope_deltas.dtype)
+        self.position_ids.copy_(delta.unsqueeze(0).expand(3, -1, -1))
+        self._decode_step()
+        return self.output_buf
+
+    PredictorGraph.capture, PredictorGraph.run = capture_predictor, run_predictor
+    TalkerGraph.capture, TalkerGraph.run = capture_talker, run_talker
+    base = Qwen3TTSModel.from_pretrained(str(folder), device_map="cpu", torch_dtype=dtype, attn_implementation="sdpa")
+    talker = base.model.talker
+    config = base.model.config.talker_config
+    predictor = PredictorGraph(talker.code_predictor, talker.code_predictor.model.config, config.hidden_size,
+                               device="cpu", dtype=dtype, do_sample=True, top_k=50, temperature=0.9)
+    graph = TalkerGraph(talker.model, config, device="cpu", dtype=dtype, max_seq_len=2048)
+    return FasterQwen3TTS(base, predictor, graph, device="cpu", dtype=dtype, max_seq_len=2048)
+
+
+def bench_faster(args, folder: Path, report: Callable[[dict], None]) -> list[dict]:
+    """faster-qwen3-tts (CUDA graphs for the talker step and the 15-step predictor loop, one stream)
+    on the same checkpoint, texts, speaker and frame counts, one request at a time through its
+    streaming API (`generate_custom_voice_streaming`, one row per `--faster-chunks` size). First chunk:
+    the first audio it yields; frame: the gap between yields spread over the frames of the chunk
+    (its codec decode runs in between, serially); `gen_ms_per_frame`: its own talker + predictor time
+    per frame (the `decode_ms` it reports, codec excluded). Needs transformers >= 5.15 (its own package
+    folder); runs on the CPU only as an eager dry run of the same code (`_faster_without_cuda`)."""
+    import faster_qwen3_tts
+
+    shim = _faster_rope_shim()
+    device, dtype = _peer_device_dtype(args)
+    on_gpu = device.startswith("cuda")
+    kind = json.loads((folder / "config.json").read_text())["tts_model_type"]
+    if kind != "custom_voice":
+        raise SystemExit("--faster: the comparison uses a CustomVoice checkpoint (--demo-type custom_voice)")
+    t = time.perf_counter()
+    if on_gpu:
+        from faster_qwen3_tts import FasterQwen3TTS
+        model = FasterQwen3TTS.from_pretrained(str(folder), device=device, dtype=dtype)
+    else:
+        model = _faster_without_cuda(folder, dtype)
+    startup_s = time.perf_counter() - t
+    import transformers
+    info: dict[str, Any] = {"engine_startup_s": round(startup_s, 1), "variant": "faster-qwen3-tts",
+                            "device": device, "dtype": str(dtype).removeprefix("torch."),
+                            "faster_qwen3_tts": faster_qwen3_tts.__version__,
+                            "transformers": transformers.__version__, "rope_shim": shim,
+                            "graphs": on_gpu}
+
+    def stream(text: str, frames: int, chunk: int):
+        return model.generate_custom_voice_streaming(
+            text=text, speaker=args.speaker, language="English", max_new_tokens=frames, min_new_tokens=frames,
+            chunk_size=chunk)      # its loop makes one frame per new token: exactly `frames` frames
+
+    chunks = [int(x) for x in args.faster_chunks.split(",")]
+    t = time.perf_counter()        # the first request captures both graphs (their warmup())
+    for _ in stream(TEXTS[-1], min(args.frames, 8), chunks[0]):
+        pass
+    info["warmup_s"] = round(time.perf_counter() - t, 1)
+    log.info("faster-qwen3-tts: loaded in %.1f s, warm-up (graph capture) %.1f s", startup_s, info["warmup_s"])
+    rows = []
+    for chunk in chunks:
+        results, gen_ms = [], []
+        t_level = time.perf_counter()
+        for i in range(args.requests or 4):
+            r = RequestResult(request_id=f"faster-{chunk}-{i}", submitted_s=time.perf_counter() - t_level)
+            pieces, steps, decode_ms = [], 0, 0.0
+            t0 = last = time.perf_counter()
+            try:
+                for audio, _sr, timing in stream(TEXTS[i % len(TEXTS)], args.frames, chunk):
+                    now = time.perf_counter()
+                    n = int(timing["chunk_steps"])
+                    steps += n
+                    decode_ms += float(timing["decode_ms"])
+                    audio = np.asarray(audio, dtype=np.float32).reshape(-1)
+                    if audio.size:
+                        if r.first_chunk_s is None:
+                            r.first_chunk_s = now - t0
+                        else:
+                            r.frame_intervals_s += [(now - last) / max(n, 1)] * n
+                        pieces.append(audio)
+                        r.chunks.append((now - t0, int(audio.size)))
+                    last = now
+                r.finished_s = time.perf_counter() - t0
+                r.frames = steps
+                gen_ms.append(decode_ms / max(steps, 1))
+            except Exception as exc:  # a failed request is counted, not fatal
+                r.error = f"{type(exc).__name__}: {exc}"
+                results.append(r)
+                continue
+            results.append(_listened(r, pieces, args.prebuffer_ms / 1000))
+        extra = {**info, "chunk_size": chunk,
+                 "gen_ms_per_frame_p50": _round(_pct(gen_ms, 50), 2)}
+        name = f"faster-qwen3-tts chunk {chunk}" + ("" if on_gpu else " (CPU dry run, no graphs)")
+        row = summarize(name, 1, "sequential", results, time.perf_counter() - t_level, args.frames, extra)
+        _keep_details(args, row, results)
+        rows.append(row)
+        report(row)
     return rows
 
 
@@ -613,6 +812,46 @@ def ratio_rows(ours: list[dict], ref: list[dict]) -> list[dict]:
                     "audio_s_per_s": round(mine["audio_s_per_s"] / base["audio_s_per_s"], 2)
                     if mine.get("audio_s_per_s") and base.get("audio_s_per_s") else None})
     return out
+
+
+PEER_COLUMNS = [("name", "run"), ("device", "device"), ("dtype", "dtype"), ("requests", "req"),
+                ("frames_per_request", "frames"), ("first_chunk_ms_p50", "1st chunk p50 ms"),
+                ("first_chunk_ms_p95", "1st chunk p95 ms"), ("first_audible_ms_p50", "1st audible p50 ms"),
+                ("frame_ms_p50", "frame p50 ms"), ("frame_ms_p95", "frame p95 ms"),
+                ("gen_ms_per_frame_p50", "gen ms/frame p50"), ("rtf_p50", "RTF p50"),
+                ("streams_with_underruns", "streams w/ underrun"), ("engine_startup_s", "load s"),
+                ("errors", "err")]
+PEER_RATIO_COLUMNS = [("peer", "peer"), ("first_chunk", "1st chunk p50"), ("first_chunk_p95", "1st chunk p95"),
+                      ("first_audible", "1st audible p50"), ("per_frame", "frame p50"), ("rtf", "RTF p50")]
+
+
+def peer_comparison(docs: list[dict]) -> dict:
+    """One stream, ours against each peer (rows from several `--json` files of the same checkpoint and
+    workload): every level-1 row, and per peer how many times ours is faster (peer / ours, > 1 = ours
+    is faster) on first chunk, first audible, per-frame time and RTF."""
+    rows = []
+    for d in docs:
+        where = "cuda" if (d.get("environment") or {}).get("gpu") else "cpu"
+        rows += [{"device": where, **r} for r in d.get("results", [])
+                 if r.get("name") != "component" and r.get("level") == 1]
+    ours = next((r for r in rows if r.get("name") == "ours" and r.get("variant", "default") == "default"), None)
+    ratios = []
+    for peer in rows:
+        if peer is ours or peer.get("name", "").startswith("ours"):
+            continue
+
+        def ratio(key, peer=peer):
+            a, b = peer.get(key), (ours or {}).get(key)
+            return round(a / b, 2) if a and b else None
+        ratios.append({"peer": peer["name"], "first_chunk": ratio("first_chunk_ms_p50"),
+                       "first_chunk_p95": ratio("first_chunk_ms_p95"), "first_audible": ratio("first_audible_ms_p50"),
+                       "per_frame": ratio("frame_ms_p50"), "rtf": ratio("rtf_p50")})
+    ordered = ([ours] if ours else []) + [r for r in rows if r is not ours]
+    table = markdown_table(ordered, PEER_COLUMNS)
+    if ratios:
+        table += "\n\nHow many times faster ours is (peer / ours):\n\n" + markdown_table(ratios, PEER_RATIO_COLUMNS)
+    return {"rows": ordered, "ratios": ratios, "ours_found": ours is not None, "markdown": table,
+            "environments": [d.get("environment") for d in docs], "checkpoints": [d.get("checkpoint") for d in docs]}
 
 
 # ---- WebRTC client (against a running app) -------------------------------------------------------
@@ -774,6 +1013,12 @@ def parse_args(argv=None):
     ref = ap.add_argument_group("comparison")
     ref.add_argument("--reference", action="store_true", help="also run the official qwen_tts (CPU, sequential)")
     ref.add_argument("--reference-only", action="store_true")
+    ref.add_argument("--faster", action="store_true", help="also run faster-qwen3-tts (its own transformers >= 5.15 "
+                     "must be importable: it runs best from its own package folder, see scripts/gpu_peers_bench.sh)")
+    ref.add_argument("--faster-only", action="store_true")
+    ref.add_argument("--faster-chunks", default="1,8", help="faster-qwen3-tts streaming chunk sizes, one row each")
+    ref.add_argument("--combine", nargs="+", metavar="JSON", help="no run: one table of ours and the peers at one "
+                     "stream from these --json files, with ratios (--json/--markdown write it)")
     ref.add_argument("--webrtc", metavar="URL", help="measure client-side over WebRTC against a running app")
     ref.add_argument("--url", metavar="URL", help="measure client-side over HTTP streaming against a running "
                      "app or Ray Serve deployment (many concurrent /v1/audio/speech clients)")
@@ -786,8 +1031,8 @@ def parse_args(argv=None):
     out.add_argument("--breakdown", action="store_true", help="GPU: also time the predictor and decoder alone")
     out.add_argument("--label", default="", help="free text stored with the results")
     args = ap.parse_args(argv)
-    if not args.webrtc and not args.url and not args.model and not args.demo:
-        ap.error("give --model, --demo, --webrtc or --url")
+    if not (args.webrtc or args.url or args.model or args.demo or args.combine):
+        ap.error("give --model, --demo, --webrtc, --url or --combine")
     return args
 
 
@@ -804,6 +1049,14 @@ def main(argv=None) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(doc, indent=1))
 
+    if args.combine:
+        comparison = peer_comparison([json.loads(Path(f).read_text()) for f in args.combine])
+        print(comparison["markdown"], flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps({**doc, "results": comparison["rows"], **comparison}, indent=1))
+        if args.markdown:
+            Path(args.markdown).write_text(comparison["markdown"] + "\n")
+        return 0
     if args.url:
         doc["environment"] = environment("cpu")
         asyncio.run(bench_url(args, report))
@@ -822,7 +1075,9 @@ def main(argv=None) -> int:
         ref_rows: list[dict] = []
         if args.reference or args.reference_only:
             ref_rows = bench_reference(args, folder, report)
-        if not args.reference_only:
+        if args.faster or args.faster_only:
+            bench_faster(args, folder, report)
+        if not (args.reference_only or args.faster_only):
             ours = asyncio.run(bench_engine(args, folder, report))
             if ref_rows:
                 doc["ratio"] = ratio_rows(ours, ref_rows)

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tts_engine.models.qwen3_tts.config import TalkerConfig
+from tts_engine.models.qwen3_tts.graph_capture import capture_on_device
 from tts_engine.models.qwen3_tts.layers import DecoderLayer, RMSNorm, apply_rope, rope_tables
 from tts_engine.models.qwen3_tts.sampling import BatchSampling, draw_noise, sample, sample_rows
 
@@ -276,16 +277,11 @@ class PredictorGraphs:
         self._graphs[(b, any_sample, any_top_p)] = (graph, codes, embed)
 
     def _capture(self, run):
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                run()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: Stage 1 may use the GPU from its own thread while we capture.
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            codes, embed = run()
+        try:
+            graph, (codes, embed) = capture_on_device(run, self.device, self.pool)
+        except Exception:
+            self.pool = torch.cuda.graph_pool_handle()   # a failed capture can leave its pool recording
+            raise
         return graph, codes, embed
 
     def capture_all(self) -> None:

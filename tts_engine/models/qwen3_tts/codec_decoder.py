@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tts_engine.models.qwen3_tts.config import CheckpointError, read_json
+from tts_engine.models.qwen3_tts.graph_capture import capture_on_device
 from tts_engine.models.qwen3_tts.weights import read_prefixed, weights_path
 
 log = logging.getLogger(__name__)
@@ -754,9 +755,7 @@ class _DecoderGraphs:
         self._graphs: dict[tuple[int, int], tuple] = {}
         start = time.perf_counter()
         device = decoder.quantizer.tables.device
-        # On the decoder's own GPU: a capture runs on the current device's stream, and with Stage 1 on
-        # another GPU than the talker (the thread's current device) it failed with "operation not
-        # permitted when stream is capturing".
+        # On the decoder's own GPU (Stage 1 may have a GPU of its own; see graph_capture.py).
         on_device = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
         with torch.inference_mode(), on_device:
             for b, n in sorted(set(shapes), key=lambda s: (-s[0] * s[1], -s[0])):   # largest first: smaller reuse the pool
@@ -784,16 +783,8 @@ class _DecoderGraphs:
     def _record(self, codes: Tensor, state: DecoderStreamState) -> tuple[Callable[[], None], Tensor,
                                                                          DecoderStreamState]:
         """Capture one `_run` on static inputs; returns (replay, static wav, static next state)."""
-        decoder, device = self.decoder, codes.device
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                decoder._run(codes, state)
-        torch.cuda.current_stream(device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            wav, next_state = decoder._run(codes, state)
+        decoder = self.decoder
+        graph, (wav, next_state) = capture_on_device(lambda: decoder._run(codes, state), codes.device, self.pool)
         return graph.replay, wav, next_state
 
     def run(self, codes: Tensor, states: Sequence[DecoderStreamState]) -> tuple[Tensor, DecoderStreamState]:
