@@ -178,6 +178,11 @@ def test_router_places_new_sessions_by_session_count():
         b.multiplexed_model_ids.add("new1")               # the announcement arrives
         driver.router.update_replicas([a, b])
         assert await driver.route("new1") == "b"
+        counts = {rid.unique_id: n for rid, n in driver.router.session_counts().items()}
+        assert counts == {"a": 2, "b": 2}                 # new1 announced, new2 placed: each counted once
+        b.multiplexed_model_ids.add("new2")               # announced while its placement is still remembered
+        driver.router.update_replicas([a, b])
+        assert {rid.unique_id: n for rid, n in driver.router.session_counts().items()} == {"a": 2, "b": 2}
         # the holder of a session dies: the session is gone, its next call is placed anew (-> 404 there)
         driver.router.on_replica_actor_died(b.replica_id)
         assert await driver.route("new1") == "a"
@@ -496,8 +501,10 @@ def test_killing_a_replica_leaves_the_service_answering(cluster):
     restored = time.monotonic() - killed
     seen: set[str] = set()
     for _ in range(8):
-        seen |= {r.headers[REPLICA] for r in _spread(url) if r.status_code == 200}
-        if len(seen - {survivor, victim}) == 1:
+        answers = _spread(url)
+        assert all(r.status_code == 200 for r in answers), [(r.status_code, r.text[:200]) for r in answers]
+        seen |= {r.headers[REPLICA] for r in answers}
+        if survivor in seen and len(seen - {survivor, victim}) == 1:
             break
     assert survivor in seen and victim not in seen and len(seen) == 2, seen
     print(f"\n[serve] two replicas again {restored:.0f} s after the kill; serving: {sorted(seen)}")

@@ -33,11 +33,14 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 from ray.serve.request_router import MultiplexMixin, PendingRequest, RequestRouter, RunningReplica
+
+if TYPE_CHECKING:
+    from ray.serve._private.common import ReplicaID, RequestMetadata
 
 ROOT = Path(__file__).resolve().parents[2]
 SESSION_HEADER = "serve_multiplexed_model_id"     # Serve's own header for multiplexed ids: the webrtc_id
@@ -78,7 +81,7 @@ class SessionAffinityRouter(MultiplexMixin, RequestRouter):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._placed: dict[str, tuple[Any, float]] = {}   # session -> (replica id, when placed), not yet announced
+        self._placed: dict[str, tuple[ReplicaID, float]] = {}   # session -> (replica id, when placed), not yet announced
 
     def eligible(self, request: PendingRequest, candidates: list[RunningReplica]) -> list[RunningReplica]:
         """The replicas among `candidates` that `request` may go to now."""
@@ -88,7 +91,7 @@ class SessionAffinityRouter(MultiplexMixin, RequestRouter):
         home = self._home(session)
         return [r for r in candidates if r.replica_id == home]
 
-    def _home(self, session: str):
+    def _home(self, session: str) -> ReplicaID | None:
         """The id of the replica that holds (or will hold) `session`, placing it if nobody does."""
         # a holder that died is dropped from `_replicas` at once, from the announced ids only on the controller's
         # next update: its sessions are gone, so such a session is placed anew (and answered 404 there)
@@ -105,14 +108,21 @@ class SessionAffinityRouter(MultiplexMixin, RequestRouter):
                 del self._placed[name]
         if not self._replicas:
             return None
-        load = {rid: len(replica.multiplexed_model_ids) for rid, replica in self._replicas.items()}
-        for rid, _ in self._placed.values():      # placed here, not announced yet: count them too
-            if rid in load:
-                load[rid] += 1
+        load = self.session_counts()
         fewest = min(load.values())
         home = random.choice([rid for rid, n in load.items() if n == fewest])
         self._placed[session] = (home, now)
         return home
+
+    def session_counts(self) -> dict[ReplicaID, int]:
+        """Sessions per running replica: those it announced plus those placed on it here and not announced yet
+        (each session counted once)."""
+        load = {rid: len(replica.multiplexed_model_ids) for rid, replica in self._replicas.items()}
+        announced = self._multiplexed_model_id_to_replica_ids
+        for name, (rid, _) in self._placed.items():
+            if rid in load and not announced.get(name):
+                load[rid] += 1
+        return load
 
     def _waiting(self) -> list[PendingRequest]:
         """Requests not yet given a replica, oldest first (cancelled and fulfilled ones dropped from the front)."""
@@ -123,6 +133,7 @@ class SessionAffinityRouter(MultiplexMixin, RequestRouter):
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+        """Serve's hook: the replicas a routing task may pick from now (Serve takes the shortest queue of them)."""
         if pending_request is not None and not pending_request.future.done():
             pending_request.routing_context.should_backoff = True   # nothing eligible: sleep before the retry
             chosen = self.eligible(pending_request, candidate_replicas)
@@ -138,7 +149,9 @@ class SessionAffinityRouter(MultiplexMixin, RequestRouter):
         # to yet: back off and look again.
         return [] if waiting else [list(candidate_replicas)]
 
-    def _fulfill_next_pending_request(self, replica: RunningReplica, request_metadata=None) -> None:
+    def _fulfill_next_pending_request(self, replica: RunningReplica,
+                                      request_metadata: RequestMetadata | None = None) -> None:
+        """Overrides the base router's hand-over (see the class docstring): a routing task found `replica`."""
         own = self._get_pending_request_matching_internal_request_id(request_metadata)
         if own is not None:            # chosen for this request by `choose_replicas`: eligible by construction
             self._hand_over(own, replica)
