@@ -6,7 +6,7 @@
     serve run configs/serve_tiny_cpu.yaml  # two replicas of the --demo tiny model on CPU
 
 Each replica is a `TTSReplica`: it builds the engine, the voice library (one shared folder), the serving
-settings and `app.build_agent_api` (= `serving.server.build_api` + fastrtc's `POST /webrtc/offer`), and
+settings and `webrtc.build_agent_api` (= `server.build_api` + fastrtc's `POST /webrtc/offer`), and
 serves that FastAPI app through Serve's ingress: the routes are defined in one place. Every response
 carries `x-tts-replica` (the replica's id). Serve's health check calls `check_health`, which asks the
 engine whether both stage threads run; an unhealthy or dead replica is replaced by Serve.
@@ -246,11 +246,12 @@ class TTSReplica:
 
     def __init__(self, options: dict[str, Any] | None = None):
         global _REPLICA
-        import app as app_module
         from tts_engine import TTSEngine
         from tts_engine.serving.lifecycle import READY, Lifecycle
-        from tts_engine.serving.settings import ServingSettings
+        from tts_engine.serving.sample_voice import ensure_sample_voice
+        from tts_engine.serving.settings import DEFAULT_MODEL, ServingSettings
         from tts_engine.serving.voice_library import VoiceLibrary
+        from tts_engine.serving.webrtc import build_agent_api
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         options = dict(options or {})
@@ -267,11 +268,11 @@ class TTSReplica:
         config = _resolve(config)
         if model is None:
             from tts_engine.config import load_stage_config
-            model = (load_stage_config(config).model if config else None) or app_module.DEFAULT_MODEL
+            model = (load_stage_config(config).model if config else None) or DEFAULT_MODEL
         t0 = time.perf_counter()
         self.engine = engine = TTSEngine.from_pretrained(model, stage_config=config)
         self.library = VoiceLibrary(_resolve(options.get("voices") or "voices"), engine.config)
-        app_module.ensure_sample_voice(engine, self.library)
+        ensure_sample_voice(engine, self.library)
         preroll_ms = options.get("preroll_ms")
         preroll_ms = preroll_ms if preroll_ms is not None else (0 if engine.device.type == "cuda" else 800)
         defaults = ServingSettings()   # max_concurrent unset: HTTP admission follows the engine's batch
@@ -279,7 +280,7 @@ class TTSReplica:
                                    max_sessions=int(options.get("max_sessions", defaults.max_sessions)),
                                    preroll_s=preroll_ms / 1000)
         lifecycle = Lifecycle()
-        self.api, warning = app_module.build_agent_api(engine, self.library, settings, lifecycle)
+        self.api, warning = build_agent_api(engine, self.library, settings, lifecycle)
         if warning:
             log.warning(warning)
         self._install_middleware()

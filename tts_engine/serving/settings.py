@@ -17,6 +17,7 @@ def aliases_from_env(value: str | None = None) -> dict[str, str]:
     return {k.strip().lower(): v.strip() for k, v in pairs if k.strip() and v.strip()}
 
 
+DEFAULT_MODEL = "Qwen/Qwen3-TTS-12Hz-0.6B-Base"   # what app.py and the Serve replicas load when nothing says
 MIN_CONCURRENT = 8
 
 

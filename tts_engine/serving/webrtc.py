@@ -1,0 +1,140 @@
+"""The WebRTC transport for voice agents: fastrtc's peer connections carrying `SpeechSession` audio.
+
+`build_agent_api` is the HTTP API of `server.build_api` plus fastrtc's `POST /webrtc/offer`, no UI: `app.py`
+mounts the Gradio UI over it, and every Ray Serve replica (`ray_app.py`) serves it as it is. fastrtc is
+imported lazily (it pulls Gradio in); nothing here is needed to use the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from tts_engine.serving.settings import ServingSettings
+
+SAMPLE_RATE = 24000
+log = logging.getLogger("tts_engine.serving.webrtc")
+
+
+def rtc_configuration() -> tuple[Any, Any, str | None]:
+    """(client config, server config, warning) for WebRTC.
+
+    Hugging Face Spaces only forwards HTTPS, so media needs a TURN relay: with HF_TOKEN (or Cloudflare
+    TURN keys) set we use fastrtc's Cloudflare helpers. Elsewhere peers reach each other directly.
+    """
+    from fastrtc import get_cloudflare_turn_credentials, get_cloudflare_turn_credentials_async
+
+    has_turn = bool(os.environ.get("HF_TOKEN") or (os.environ.get("CLOUDFLARE_TURN_KEY_ID")
+                                                    and os.environ.get("CLOUDFLARE_TURN_KEY_API_TOKEN")))
+    on_spaces = os.environ.get("SYSTEM") == "spaces"
+    if has_turn:
+        return get_cloudflare_turn_credentials_async, get_cloudflare_turn_credentials(ttl=360_000), None
+    warning = None
+    if on_spaces:
+        warning = ("WebRTC audio needs a TURN server on Hugging Face Spaces, and none is configured: add an "
+                   "HF_TOKEN secret (or CLOUDFLARE_TURN_KEY_ID + CLOUDFLARE_TURN_KEY_API_TOKEN) in the Space "
+                   "settings. Until then audio cannot reach your browser; the HTTP API still works.")
+        log.error(warning)
+    return {"iceServers": []}, {"iceServers": []}, warning
+
+
+def patch_fastrtc_track_end() -> None:
+    """fastrtc 0.0.34's `ServerToClientAudio.recv()` stops the track and *returns None* when the stream
+    ends (CloseStream or the generator's end). aiortc's RTCRtpSender then hands None to the Opus encoder's
+    `pack()` and logs "AttributeError: 'NoneType' object has no attribute 'pts'" with a traceback for every
+    UI utterance. An aiortc track says it has ended by raising MediaStreamError, which the sender expects."""
+    from aiortc.mediastreams import MediaStreamError
+    from fastrtc.tracks import ServerToClientAudio
+
+    original = ServerToClientAudio.recv
+    if getattr(original, "ends_cleanly", False):
+        return
+
+    async def recv(self):
+        frame = await original(self)
+        if frame is None:      # the track has just been stopped by fastrtc
+            raise MediaStreamError
+        return frame
+
+    recv.ends_cleanly = True
+    ServerToClientAudio.recv = recv
+
+
+def make_agent_handler_class():
+    from fastrtc import AsyncStreamHandler, wait_for_item
+
+    from tts_engine.serving.realtime import SpeechSession
+
+    class AgentSpeaker(AsyncStreamHandler):
+        """One per WebRTC connection: sends its `SpeechSession`'s audio on the connection's track."""
+
+        def __init__(self, engine=None, preroll_s: float = 0.0):
+            super().__init__(output_sample_rate=SAMPLE_RATE, input_sample_rate=48000)
+            self.engine, self.preroll_s = engine, preroll_s
+            self.session = SpeechSession(engine, preroll_s, on_interrupt=self._drop_queued_frames)
+
+        def copy(self) -> "AgentSpeaker":
+            return AgentSpeaker(self.engine, self.preroll_s)
+
+        async def receive(self, frame) -> None:
+            return None  # the agent's microphone track (or a silent one) is not used
+
+        async def emit(self):
+            audio = await wait_for_item(self.session.audio, 0.02)
+            return None if audio is None else (SAMPLE_RATE, audio.reshape(1, -1))
+
+        def _drop_queued_frames(self) -> None:
+            try:
+                self.clear_queue()     # frames fastrtc already holds for the track
+            except Exception:  # noqa: BLE001 -- nothing queued yet
+                pass
+
+        def shutdown(self) -> None:
+            self.session.close()
+
+    return AgentSpeaker
+
+
+class FastrtcSessions:
+    """The realtime routes' view of fastrtc's connections: webrtc_id -> SpeechSession."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def get(self, webrtc_id: str):
+        handler = self.stream.handlers.get(webrtc_id)
+        return handler.session if handler is not None and webrtc_id in self.stream.pcs else None
+
+
+def build_agent_api(engine, library, settings: ServingSettings, lifecycle=None):
+    """`build_api` plus fastrtc's `POST /webrtc/offer` for voice agents (no UI): what app.py serves under the
+    UI and what each Ray Serve replica serves (ray_app.py). Returns (app, rtc_warning)."""
+    from fastapi import Request
+    from fastrtc import Stream
+
+    from tts_engine.serving.errors import ApiError
+    from tts_engine.serving.server import build_api
+
+    rtc_client, rtc_server, rtc_warning = rtc_configuration()
+    stream = Stream(make_agent_handler_class()(engine, settings.preroll_s), mode="send-receive", modality="audio",
+                    concurrency_limit=settings.max_sessions, time_limit=settings.session_time_limit_s,
+                    rtc_configuration=rtc_client, server_rtc_configuration=rtc_server)
+    app = build_api(engine, library, settings, sessions=FastrtcSessions(stream), lifecycle=lifecycle)
+    app.state.stream = stream
+
+    @app.middleware("http")
+    async def session_limit(request: Request, call_next):
+        if request.url.path == "/webrtc/offer" and request.method == "POST" and \
+                len(stream.pcs) >= settings.max_sessions:
+            return ApiError("too_many_sessions", f"too many concurrent sessions (limit {settings.max_sessions}); "
+                                                 "retry shortly").response()
+        return await call_next(request)
+
+    # Only the route we use and document. `stream.mount(app)` would also add WS /websocket/offer (a mu-law
+    # audio socket for the agent handler) and POST /telephone/incoming + WS /telephone/handler (Twilio),
+    # unauthenticated, undocumented and untested here.
+    app.post("/webrtc/offer", tags=["realtime"], summary="Open a WebRTC session (fastrtc signalling)")(stream.offer)
+    patch_fastrtc_track_end()
+    app.state.rtc = (rtc_client, rtc_server)
+    return app, rtc_warning
