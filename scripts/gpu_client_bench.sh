@@ -28,6 +28,11 @@ timeout ${T_URL:-200} $B --url $URL --concurrency ${URL_CLOSED:-1,16,64} --label
 timeout ${T_URL:-200} $B --url $URL --arrival poisson --concurrency ${URL_POISSON:-16,20} --requests 40 \
   --label "client side: HTTP, Poisson" --json $OUT/url_poisson.json --markdown $OUT/url_poisson.md \
   > $OUT/url_poisson.log 2>&1; echo "== url poisson rc=$?"
+python3 -m pip list 2>/dev/null | grep -i -E "^(aiortc|aioice|av|fastrtc|gradio) " | tr '\n' ' '; echo
+# one short session first: on failure its error says whether frames arrived and what the server's clause stats say
+timeout 60 $B --webrtc $URL --concurrency 1 --requests 1 --webrtc-timeout 15 --label "client side: WebRTC probe" \
+  --json $OUT/webrtc_probe.json > $OUT/webrtc_probe.log 2>&1; echo "== webrtc probe rc=$?"
+grep -E '"error_messages"' $OUT/webrtc_probe.log | head -2 | cut -c1-1500
 timeout ${T_WEBRTC:-200} $B --webrtc $URL --concurrency ${WEBRTC_LEVELS:-1,4,16} --label "client side: WebRTC" \
   --json $OUT/webrtc.json --markdown $OUT/webrtc.md > $OUT/webrtc.log 2>&1; echo "== webrtc rc=$?"
 cat $OUT/url_closed.md $OUT/url_poisson.md $OUT/webrtc.md 2>/dev/null

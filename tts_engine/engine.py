@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import logging
 import queue
 import threading
@@ -125,6 +126,7 @@ class TTSEngine:
         self.talker.close()
         self.pipeline.close()
         self.talker_engine.close()
+        gc.unfreeze()   # what warmup() froze becomes collectable again (a process may build another engine)
 
     def __enter__(self) -> "TTSEngine":
         return self
@@ -312,6 +314,11 @@ class TTSEngine:
                 thread.start()
             for thread in threads:
                 thread.join()
+        # What start-up built (weights' wrappers, graphs, compiled code, caches) lives as long as the engine:
+        # collect once, then freeze it out of the collector's view, so a full collection while users wait
+        # walks only what requests allocate (vLLM does the same once its core is built, before our stages).
+        gc.collect()
+        gc.freeze()
         elapsed = time.perf_counter() - start
         log.info("warm-up: %d frames through both stages at batch sizes %s in %.2f s", frames, batch_sizes, elapsed)
         return elapsed

@@ -165,6 +165,10 @@ class TalkerStage:
             except Exception as exc:
                 state.on_finish(StreamFailed(f"talker rejected the request: {exc}"))
                 return
+            if state.prompt.trailing.is_cuda:   # built on the prompt builder's stream, read by this thread's steps
+                steps = torch.cuda.current_stream(state.prompt.trailing.device)
+                state.prompt.trailing.record_stream(steps)
+                state.prompt.tts_pad.record_stream(steps)
             state.slot = self._take_slot()
             self._by_internal[state.internal_id] = state
             self._by_id[state.request_id] = state

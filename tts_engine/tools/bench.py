@@ -33,6 +33,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import json
 import logging
 import math
@@ -151,6 +152,9 @@ def summarize(name: str, level: int, mode: str, results: list[RequestResult], wa
         "first_audible_ms_p50": ms(_pct([r.first_audible_s for r in ok], 50)),
         "first_audible_ms_p95": ms(_pct([r.first_audible_s for r in ok], 95)),
         "engine_first_chunk_ms_p50": ms(_pct([r.engine_first_chunk_s for r in ok], 50)),
+        # before Stage 0 (executor, validation, prompt build) and after Stage 1 (delivery to the consumer)
+        "outside_stages_ms_p95": ms(_pct([r.first_chunk_s - r.engine_first_chunk_s for r in ok
+                                          if r.first_chunk_s is not None and r.engine_first_chunk_s is not None], 95)),
         "frame_ms_p50": ms(_pct(intervals, 50)), "frame_ms_p95": ms(_pct(intervals, 95)),
         "rtf_p50": _round(_pct([r.rtf for r in ok], 50), 4), "rtf_p95": _round(_pct([r.rtf for r in ok], 95), 4),
         "audio_s_per_s": _round(audio / wall_s if wall_s > 0 else None, 2),
@@ -158,8 +162,44 @@ def summarize(name: str, level: int, mode: str, results: list[RequestResult], wa
         "underrun_ms_total": ms(sum(r.underrun_s for r in ok)), "wall_s": round(wall_s, 2),
         "error_messages": sorted({r.error for r in results if r.error})[:3],
     }
+    if GC_PAUSES.installed:
+        out.update(GC_PAUSES.take())
     out.update(extra or {})
     return out
+
+
+class GcPauses:
+    """Python's garbage-collector pauses in this process (every thread stops for them), counted between
+    `reset` and `take`: the in-process bench reports them per level, so a latency tail can be checked
+    against them."""
+
+    def __init__(self):
+        self.installed = False
+        self._start: float | None = None
+        self.pauses: list[float] = []
+
+    def install(self) -> None:
+        if not self.installed:
+            gc.callbacks.append(self._on_gc)
+            self.installed = True
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        elif self._start is not None:
+            self.pauses.append(time.perf_counter() - self._start)
+            self._start = None
+
+    def reset(self) -> None:
+        self.pauses = []
+
+    def take(self) -> dict:
+        pauses, self.pauses = self.pauses, []
+        return {"gc_pauses": len(pauses), "gc_pause_ms_total": round(1000 * sum(pauses), 1),
+                "gc_pause_ms_max": round(1000 * max(pauses, default=0.0), 1)}
+
+
+GC_PAUSES = GcPauses()
 
 
 def _round(v, nd):
@@ -171,7 +211,8 @@ COLUMNS = [("name", "run"), ("level", "conc."), ("requests", "req"), ("frames_pe
            ("first_audible_ms_p50", "1st audible p50 ms"), ("first_audible_ms_p95", "1st audible p95 ms"),
            ("frame_ms_p50", "frame p50 ms"), ("frame_ms_p95", "frame p95 ms"), ("rtf_p50", "RTF p50"),
            ("audio_s_per_s", "audio-s/s"), ("streams_with_underruns", "streams w/ underrun"),
-           ("underrun_ms_total", "stall ms"), ("errors", "err")]
+           ("underrun_ms_total", "stall ms"), ("outside_stages_ms_p95", "outside stages p95 ms"),
+           ("gc_pause_ms_max", "GC pause max ms"), ("errors", "err")]
 
 
 def markdown_table(rows: list[dict], columns=COLUMNS) -> str:
@@ -252,6 +293,7 @@ async def run_level(engine, args, level: int, voice=None, index0: int = 0, reque
     """Our engine in process at one level (see `run_arrivals`)."""
     def one(i: int, t_level: float):
         return _one_request(engine, make_request(args, index0 + i, voice), t_level, args.prebuffer_ms / 1000)
+    GC_PAUSES.reset()
     return await run_arrivals(args, level, one, requests)
 
 
@@ -290,6 +332,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "decoder-fp32": {"tf32": False},                                   # no TF32 in the codec
     "seed-chunks": {"initial_chunk_size": 1, "chunk_growth": 1},       # 1 frame, then 25 at a time
     "first-chunk-4": {"initial_chunk_size": 4},
+    "prompt-default-stream": {"prompt_stream": False},                 # prompts built on the steps' stream
+    "gc-unfrozen": {"gc_frozen": False},                               # no gc.freeze() after the warm-up
 }
 
 
@@ -334,6 +378,21 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
             previous[key] = torch.backends.cuda.matmul.allow_tf32
             torch.backends.cuda.matmul.allow_tf32 = value
             torch.backends.cudnn.allow_tf32 = value
+        elif key == "prompt_stream":
+            import torch
+            prompts = engine.prompts
+            previous[key] = prompts.stream is not None
+            if not value:
+                prompts.stream = None
+            elif prompts.stream is None and prompts.device.type == "cuda":
+                prompts.stream = torch.cuda.Stream(prompts.device)
+        elif key == "gc_frozen":
+            previous[key] = gc.get_freeze_count() > 0
+            if value:
+                gc.collect()
+                gc.freeze()
+            else:
+                gc.unfreeze()
         elif key in _SCHEDULE_FIELDS:
             schedule = engine.connector.schedule
             name = _SCHEDULE_FIELDS[key]
@@ -451,6 +510,7 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
     import torch
 
     from tts_engine import TTSEngine
+    GC_PAUSES.install()
     on_gpu = (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
     levels = [int(x) for x in args.concurrency.split(",")]
     closed = levels if args.arrival == "closed" else [64]        # Poisson: concurrency follows the arrivals
@@ -508,28 +568,25 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
                     variant_levels = [int(x) for x in args.variant_levels.split(",")]
                 if args.variant_frames:
                     run_args = argparse.Namespace(**{**vars(args), "frames": args.variant_frames})
+            # the closed-loop levels (a second load shape on the same engine) run for every variant too
+            shapes = [(run_args, variant_levels)]
+            if args.closed_levels:
+                closed = argparse.Namespace(**{**vars(run_args), "arrival": "closed", "requests": None})
+                shapes.append((closed, [int(x) for x in args.closed_levels.split(",")]))
             previous = apply_variant(engine, settings)
             try:
-                for level in variant_levels:
-                    results, wall = await run_level(engine, run_args, level, voice, index)
-                    index += len(results)
-                    row = summarize(f"ours/{variant}" if variant != "default" else "ours", level, args.arrival,
-                                    results, wall, run_args.frames,
-                                    {**info, "variant": variant})
-                    _keep_details(args, row, results)
-                    rows.append(row)
-                    report(row)
+                for shape_args, shape_levels in shapes:
+                    for level in shape_levels:
+                        results, wall = await run_level(engine, shape_args, level, voice, index)
+                        index += len(results)
+                        row = summarize(f"ours/{variant}" if variant != "default" else "ours", level,
+                                        shape_args.arrival, results, wall, shape_args.frames,
+                                        {**info, "variant": variant})
+                        _keep_details(args, row, results)
+                        rows.append(row)
+                        report(row)
             finally:
                 apply_variant(engine, previous)
-        if args.closed_levels:                  # a second load shape on the same engine
-            closed = argparse.Namespace(**{**vars(args), "arrival": "closed", "requests": None})   # 2 x level each
-            for level in [int(x) for x in args.closed_levels.split(",")]:
-                results, wall = await run_level(engine, closed, level, voice, index)
-                index += len(results)
-                row = summarize("ours", level, "closed", results, wall, args.frames, {**info, "variant": "default"})
-                _keep_details(args, row, results)
-                rows.append(row)
-                report(row)
         if args.breakdown and engine.device.type == "cuda":
             for row in component_timings(engine, max(levels)):
                 report({"name": "component", "level": row["batch"], **row})
@@ -888,8 +945,13 @@ async def bench_webrtc(args, report: Callable[[dict], None]) -> list[dict]:
             result.chunks = [(t - t0, n) for t, _, n in agent.frames if t >= t0]
             result.audio_s = sum(n for t, _, n in agent.frames if t0 <= t <= last) / SAMPLE_RATE
             result.finished_s = last - t0
-            if result.first_audible_s is None:
-                result.error = "no audible audio arrived"
+            if result.first_audible_s is None:     # say where it stopped: the engine, or the track
+                stats = await client.get(f"{args.webrtc}/v1/realtime/stats/{webrtc_id}", headers=agent.headers)
+                heard = [rms for t, rms, _ in agent.frames if t >= t0]
+                result.error = (f"no audible audio arrived: {len(heard)} frames received since say "
+                                f"(loudest RMS {max(heard, default=0):.0f}, {len(agent.frames)} in all), "
+                                f"connection {agent.pc.connectionState}; server's clauses: "
+                                f"{stats.text[:300] if stats.status_code == 200 else stats.status_code}")
         except Exception as exc:
             result.error = f"{type(exc).__name__}: {exc}"
         finally:
@@ -991,7 +1053,7 @@ def parse_args(argv=None):
     load.add_argument("--concurrency", default="1,4,16,64",
                       help="levels: streams (closed loop) or requests/s (--arrival poisson)")
     load.add_argument("--arrival", choices=("closed", "poisson"), default="closed")
-    load.add_argument("--closed-levels", help="then also these closed-loop levels on the same engine (after a "
+    load.add_argument("--closed-levels", help="then also these closed-loop levels on the same engine, for every variant (after a "
                       "--arrival poisson run, say)")
     load.add_argument("--requests", type=int, help="requests per level (default: max(2 x level, 4))")
     load.add_argument("--frames", type=int, default=100, help="codec frames per request (80 ms each)")

@@ -88,6 +88,8 @@ class PromptBuilder:
         self.codec_embed = codec_embed
         self.frame_embed = frame_embed
         self.device = next(text.parameters()).device
+        # On CUDA the prompt is built on a stream of its own (see `build`); None builds on the caller's stream.
+        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
     def _ids(self, ids: list[int]) -> torch.Tensor:
         return torch.tensor(ids, dtype=torch.long, device=self.device)
@@ -100,8 +102,26 @@ class PromptBuilder:
             lang_id = talker.languages[dialect]
         return lang_id
 
-    @torch.inference_mode()
     def build(self, p: PromptInputs) -> TalkerPrompt:
+        """The prompt of one request; on CUDA its prefill comes back on the host, ready for vLLM.
+
+        Why a stream of its own: the builder uploads token ids and reads the prefill back for vLLM (which
+        takes prompt embeddings from the host), and each of those copies waits for everything queued before
+        it on its stream. On the default stream that is the talker's step and the code predictor of every
+        running request, so under load a new request's prompt waited for several steps before it reached
+        Stage 0. On its own stream it waits only for its own few small kernels. Stage 0 marks the tensors
+        its steps read (`trailing`, `tts_pad`) as used on its stream (`TalkerStage`), so the caching allocator
+        does not hand their memory to another prompt while a step may still read them.
+        """
+        if self.stream is None:
+            return self._build(p)
+        with torch.cuda.stream(self.stream):
+            prompt = self._build(p)
+            prefill = prompt.prefill.cpu()        # waits for this stream only
+        return TalkerPrompt(prefill=prefill, trailing=prompt.trailing, tts_pad=prompt.tts_pad)
+
+    @torch.inference_mode()
+    def _build(self, p: PromptInputs) -> TalkerPrompt:
         cfg, codec = self.config, self.config.talker.codec
         T, C = self.text, lambda ids: self.codec_embed(self._ids(ids))
         tok = cfg.tokens
