@@ -1053,8 +1053,8 @@ def parse_args(argv=None):
     load.add_argument("--concurrency", default="1,4,16,64",
                       help="levels: streams (closed loop) or requests/s (--arrival poisson)")
     load.add_argument("--arrival", choices=("closed", "poisson"), default="closed")
-    load.add_argument("--closed-levels", help="then also these closed-loop levels on the same engine, for every variant (after a "
-                      "--arrival poisson run, say)")
+    load.add_argument("--closed-levels", help="then also these closed-loop levels on the same engine, for every "
+                      "variant (after a --arrival poisson run, say)")
     load.add_argument("--requests", type=int, help="requests per level (default: max(2 x level, 4))")
     load.add_argument("--frames", type=int, default=100, help="codec frames per request (80 ms each)")
     load.add_argument("--warmup", type=int, default=2, help="the bench's own warm-up requests (0: none)")
