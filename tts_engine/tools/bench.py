@@ -79,6 +79,7 @@ class RequestResult:
     finished_s: float | None = None
     engine_first_frame_s: float | None = None
     engine_first_chunk_s: float | None = None
+    submit_s: float | None = None           # from the call to the engine's route existing (validation, prompt)
     frame_intervals_s: list[float] = field(default_factory=list)
     chunks: list[tuple[float, int]] = field(default_factory=list)   # (arrival since submit, samples)
     underruns: int = 0
@@ -153,6 +154,7 @@ def summarize(name: str, level: int, mode: str, results: list[RequestResult], wa
         "first_audible_ms_p95": ms(_pct([r.first_audible_s for r in ok], 95)),
         "engine_first_chunk_ms_p50": ms(_pct([r.engine_first_chunk_s for r in ok], 50)),
         # before Stage 0 (executor, validation, prompt build) and after Stage 1 (delivery to the consumer)
+        "submit_ms_p95": ms(_pct([r.submit_s for r in ok if r.submit_s is not None], 95)),
         "outside_stages_ms_p95": ms(_pct([r.first_chunk_s - r.engine_first_chunk_s for r in ok
                                           if r.first_chunk_s is not None and r.engine_first_chunk_s is not None], 95)),
         "frame_ms_p50": ms(_pct(intervals, 50)), "frame_ms_p95": ms(_pct(intervals, 95)),
@@ -211,7 +213,8 @@ COLUMNS = [("name", "run"), ("level", "conc."), ("requests", "req"), ("frames_pe
            ("first_audible_ms_p50", "1st audible p50 ms"), ("first_audible_ms_p95", "1st audible p95 ms"),
            ("frame_ms_p50", "frame p50 ms"), ("frame_ms_p95", "frame p95 ms"), ("rtf_p50", "RTF p50"),
            ("audio_s_per_s", "audio-s/s"), ("streams_with_underruns", "streams w/ underrun"),
-           ("underrun_ms_total", "stall ms"), ("outside_stages_ms_p95", "outside stages p95 ms"),
+           ("underrun_ms_total", "stall ms"), ("submit_ms_p95", "submit p95 ms"),
+           ("outside_stages_ms_p95", "outside stages p95 ms"),
            ("gc_pause_ms_max", "GC pause max ms"), ("errors", "err")]
 
 
@@ -259,6 +262,7 @@ async def _one_request(engine, request, t_level: float, prebuffer_s: float) -> R
                     result.frames = m.frames
                     result.engine_first_frame_s = m.first_frame_s
                     result.engine_first_chunk_s = m.first_chunk_s
+                    result.submit_s = m.submitted_at - t0
                     times = m.frame_times_s
                     result.frame_intervals_s = [b - a for a, b in zip(times, times[1:])]
     except Exception as exc:  # a failed request is counted, not fatal
@@ -334,6 +338,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "first-chunk-4": {"initial_chunk_size": 4},
     "prompt-default-stream": {"prompt_stream": False},                 # prompts built on the steps' stream
     "gc-unfrozen": {"gc_frozen": False},                               # no gc.freeze() after the warm-up
+    "prompt-uncached": {"prompt_cache": False},                        # every prompt embeds its constant parts
 }
 
 
@@ -386,6 +391,9 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
                 prompts.stream = None
             elif prompts.stream is None and prompts.device.type == "cuda":
                 prompts.stream = torch.cuda.Stream(prompts.device)
+        elif key == "prompt_cache":
+            previous[key] = engine.prompts.cache_constants
+            engine.prompts.cache_constants = value
         elif key == "gc_frozen":
             previous[key] = gc.get_freeze_count() > 0
             if value:

@@ -90,6 +90,21 @@ class PromptBuilder:
         self.device = next(text.parameters()).device
         # On CUDA the prompt is built on a stream of its own (see `build`); None builds on the caller's stream.
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._constants: dict[tuple, torch.Tensor] = {}
+        self.cache_constants = True
+
+    def _once(self, kind: str, ids) -> torch.Tensor:
+        """`T(ids)` or `C(ids)` of the few id lists every prompt repeats (special tokens, the chat prefix,
+        language, speaker), computed once: the same kernels on the same ids give the same values, and a
+        prompt then costs a few embedding calls instead of a dozen (each an upload and ~5 kernels)."""
+        key = (kind, tuple(ids) if isinstance(ids, (list, tuple)) else (ids,))
+        embedded = self._constants.get(key) if self.cache_constants else None
+        if embedded is None:
+            if len(self._constants) >= 256:      # a bound, should some key vary after all
+                self._constants.clear()
+            embedded = self.text(self._ids(list(key[1]))) if kind == "T" else self.codec_embed(self._ids(list(key[1])))
+            self._constants[key] = embedded
+        return embedded
 
     def _ids(self, ids: list[int]) -> torch.Tensor:
         return torch.tensor(ids, dtype=torch.long, device=self.device)
@@ -125,23 +140,23 @@ class PromptBuilder:
         cfg, codec = self.config, self.config.talker.codec
         T, C = self.text, lambda ids: self.codec_embed(self._ids(ids))
         tok = cfg.tokens
-        tts_bos, tts_eos, tts_pad = T(self._ids([tok.tts_bos, tok.tts_eos, tok.tts_pad])).unbind(0)
+        tts_bos, tts_eos, tts_pad = self._once("T", [tok.tts_bos, tok.tts_eos, tok.tts_pad]).unbind(0)
         ids = self.tokenize(assistant_text(p.text))
 
         parts: list[torch.Tensor] = []
         if p.instruct:
             parts.append(T(self._ids(self.tokenize(instruct_text(p.instruct)))))
-        parts.append(T(self._ids(ids[:3])))
+        parts.append(self._once("T", ids[:3]))
 
         lang = self.language_id(p.language, p.speaker)
         prefix = [codec.nothink, codec.think_bos, codec.think_eos] if lang is None else \
             [codec.think, codec.think_bos, lang, codec.think_eos]
-        codec_track = [C(prefix)]
+        codec_track = [self._once("C", prefix)]
         if p.speaker:
-            codec_track.append(C(cfg.talker.speakers[p.speaker]).reshape(1, -1))
+            codec_track.append(self._once("C", cfg.talker.speakers[p.speaker]).reshape(1, -1))
         elif p.speaker_vector is not None:
             codec_track.append(p.speaker_vector.to(self.device, tts_pad.dtype).reshape(1, -1))
-        codec_track.append(C([codec.pad, codec.bos]))
+        codec_track.append(self._once("C", [codec.pad, codec.bos]))
         codec_in = torch.cat(codec_track)
         text_track = torch.cat([tts_pad.expand(codec_in.shape[0] - 2, -1), tts_bos[None]])
         parts.append(text_track + codec_in[:-1])
