@@ -3,7 +3,7 @@
 # where the bytes arrive: `bench --url` (concurrent HTTP streaming clients of /v1/audio/speech, raw PCM) and
 # `bench --webrtc` (aiortc peers + /v1/realtime/say, first audible 20 ms frame), beside the in-process
 # numbers of BENCHMARKS.md "Under load". Needs the site and serve sets (scripts/gpu_setup.sh serve).
-# Knobs: SHAPE (1.7b), CONFIG (configs/qwen3_tts.yaml), APP_GPU (0), URL_CLOSED (1,16,64), URL_POISSON (16,20), WEBRTC_LEVELS (1,4,16), FRAMES (50).
+# Knobs: URL_RUNS (1; 0: WebRTC only), SHAPE (1.7b), CONFIG (configs/qwen3_tts.yaml), APP_GPU (0), URL_CLOSED (1,16,64), URL_POISSON (16,20), WEBRTC_LEVELS (1,4,16), FRAMES (50).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
@@ -23,11 +23,13 @@ until ready; do
 done
 echo "app ready in $(( $(date +%s) - t0 )) s"; grep -E "warm-up|captured|ready" $OUT/app.log | tail -5
 B="python3 -m tts_engine.tools.bench --voice ${VOICE:-ryan} --frames ${FRAMES:-50}"
+[ "${URL_RUNS:-1}" = 1 ] && {
 timeout ${T_URL:-200} $B --url $URL --concurrency ${URL_CLOSED:-1,16,64} --label "client side: HTTP, closed loop" \
   --json $OUT/url_closed.json --markdown $OUT/url_closed.md > $OUT/url_closed.log 2>&1; echo "== url closed rc=$?"
 timeout ${T_URL:-200} $B --url $URL --arrival poisson --concurrency ${URL_POISSON:-16,20} --requests 40 \
   --label "client side: HTTP, Poisson" --json $OUT/url_poisson.json --markdown $OUT/url_poisson.md \
   > $OUT/url_poisson.log 2>&1; echo "== url poisson rc=$?"
+}
 python3 -m pip list 2>/dev/null | grep -i -E "^(aiortc|aioice|av|fastrtc|gradio) " | tr '\n' ' '; echo
 # one short session first: on failure its error says whether frames arrived and what the server's clause stats say
 timeout 60 $B --webrtc $URL --concurrency 1 --requests 1 --webrtc-timeout 15 --label "client side: WebRTC probe" \

@@ -946,8 +946,18 @@ async def bench_webrtc(args, report: Callable[[dict], None]) -> list[dict]:
             first = await agent.first_audible(t0, threshold, args.webrtc_timeout)
             if first is not None:
                 result.first_audible_s = result.first_chunk_s = first
-            # keep listening until the speech ends (1 s of silence), for duration and gaps
-            await agent.wait_quiet(threshold, 1.0, max(0.0, t0 + args.webrtc_timeout - time.perf_counter()))
+            # keep listening until the speech ends (1 s of silence) or `--frames` worth of it has played, then
+            # interrupt as an agent would (random weights rarely stop by themselves; a say has no length limit)
+            want_s = args.frames * 0.08 if args.frames else None
+            while first is not None and time.perf_counter() < t0 + args.webrtc_timeout:
+                audible = agent.audible_since(t0, threshold)
+                if want_s is not None and sum(n for _, _, n in audible) / SAMPLE_RATE >= want_s:
+                    await client.post(args.webrtc + "/v1/realtime/interrupt", headers=agent.headers,
+                                      json={"webrtc_id": webrtc_id})
+                    break
+                if time.perf_counter() - audible[-1][0] > 1.0:      # the speech ended by itself
+                    break
+                await asyncio.sleep(0.05)
             loud = [t for t, _, _ in agent.audible_since(t0, threshold)]
             last = loud[-1] if loud else t0
             result.chunks = [(t - t0, n) for t, _, n in agent.frames if t >= t0]
