@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from tts_engine.serving.sample_voice import ensure_sample_voice, voice_choices
+from tts_engine.serving.server import engine_batch
 from tts_engine.serving.settings import DEFAULT_MODEL, ServingSettings
 from tts_engine.serving.webrtc import build_agent_api
 
@@ -68,7 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", 7860)))
     parser.add_argument("--voices", default=str(ROOT / "voices"), help="voice library folder")
     parser.add_argument("--max-input-chars", type=int, default=defaults.max_input_chars)
-    parser.add_argument("--max-sessions", type=int, default=defaults.max_sessions)
+    parser.add_argument("--max-sessions", type=int, default=defaults.max_sessions,
+                        help="WebRTC sessions at once; default: the engine's batch (max_num_seqs, at least 8)")
     parser.add_argument("--preroll-ms", type=int, default=None,
                         help="audio to buffer before playback starts; default 0 on GPU, 800 on CPU, where "
                              "frames come too slowly for the growing chunk schedule to stay ahead of playback")
@@ -266,7 +268,8 @@ def speak_tab(engine, library, settings: ServingSettings, options: UiOptions, se
     inputs = [text, voice, language, instructions, temperature, top_k, top_p, penalty, seed, max_s, session]
     checked = speak_btn.click(check, inputs, metrics, queue=False, show_progress="hidden")
     audio_out.stream(speak, inputs=inputs, outputs=[audio_out], trigger=checked.success,
-                     time_limit=settings.session_time_limit_s, concurrency_limit=settings.max_sessions)
+                     time_limit=settings.session_time_limit_s,
+                     concurrency_limit=settings.session_limit(engine_batch(engine)))
     audio_out.state_change(show_status, inputs=[audio_out], outputs=[metrics, download, ended], queue=False,
                            trigger_mode="always_last", show_progress="hidden")
     stop_btn.click(stop, [session, audio_out], [metrics, ended], queue=False)
@@ -428,7 +431,6 @@ def build_app(engine, library, settings: ServingSettings, lifecycle=None, option
     import gradio as gr
 
     from tts_engine.serving.errors import OneShapeMiddleware
-    from tts_engine.serving.server import engine_batch
 
     app, rtc_warning = build_agent_api(engine, library, settings, lifecycle)
     options = dataclasses.replace(options or UiOptions(), rtc=app.state.rtc, rtc_warning=rtc_warning)

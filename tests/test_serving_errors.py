@@ -102,6 +102,9 @@ def test_concurrency_limit_follows_the_engine_batch_unless_set():
     assert ServingSettings().concurrency_limit(64) == 64
     assert ServingSettings().concurrency_limit(2) == MIN_CONCURRENT
     assert ServingSettings(max_concurrent=3).concurrency_limit(64) == 3
+    assert ServingSettings().session_limit(64) == 64          # WebRTC sessions follow the batch as well
+    assert ServingSettings().session_limit(0) == MIN_CONCURRENT
+    assert ServingSettings(max_sessions=3).session_limit(64) == 3
     slots = Slots(ServingSettings(), engine_batch=64)
     for _ in range(64):
         slots.acquire()

@@ -172,3 +172,25 @@ def test_too_many_sessions_get_503_with_retry_after(live_app):
     error = refused.json()["error"]
     assert "too many concurrent sessions" in error["message"]
     assert error["code"] == "too_many_sessions" and error["type"] == "server_error"   # the one shape
+
+
+def test_a_burst_of_offers_over_the_limit_gets_the_one_refusal(live_app):
+    """Offers sent at once: fastrtc registers a connection only after its SDP work, so the limit must count
+    offers still being answered; every refusal is our 503, never fastrtc's 200 {"status": "failed"}."""
+    from tests.conftest import LIVE_APP_SESSIONS
+
+    async def scenario():
+        sessions = [AgentSession(live_app) for _ in range(LIVE_APP_SESSIONS + 3)]
+        async with httpx.AsyncClient(timeout=30) as client:
+            try:
+                return await asyncio.gather(*(s.offer(client) for s in sessions))
+            finally:
+                for session in sessions:
+                    await session.close()
+
+    answers = asyncio.run(scenario())
+    accepted = [r for r in answers if r.status_code == 200]
+    refused = [r for r in answers if r.status_code != 200]
+    assert all(r.json().get("type") == "answer" for r in accepted), [r.text for r in accepted]
+    assert 0 < len(accepted) <= LIVE_APP_SESSIONS and len(refused) >= 3
+    assert all(r.status_code == 503 and r.json()["error"]["code"] == "too_many_sessions" for r in refused)

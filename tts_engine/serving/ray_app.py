@@ -277,7 +277,7 @@ class TTSReplica:
         preroll_ms = preroll_ms if preroll_ms is not None else (0 if engine.device.type == "cuda" else 800)
         defaults = ServingSettings()   # max_concurrent unset: HTTP admission follows the engine's batch
         settings = ServingSettings(max_input_chars=int(options.get("max_input_chars", defaults.max_input_chars)),
-                                   max_sessions=int(options.get("max_sessions", defaults.max_sessions)),
+                                   max_sessions=options.get("max_sessions", defaults.max_sessions),
                                    preroll_s=preroll_ms / 1000)
         lifecycle = Lifecycle()
         self.api, warning = build_agent_api(engine, self.library, settings, lifecycle)
@@ -385,5 +385,6 @@ def build(args: dict[str, Any]):
     config = args.get("config") or ("configs/qwen3_tts_tiny_cpu.yaml" if args.get("demo") else None)
     from tts_engine.serving.settings import ServingSettings
 
-    ongoing = engine_max_num_seqs(config) + int(args.get("max_sessions", ServingSettings().max_sessions))
+    seqs = engine_max_num_seqs(config)
+    ongoing = seqs + ServingSettings(max_sessions=args.get("max_sessions")).session_limit(seqs)
     return TTSDeployment.options(max_ongoing_requests=ongoing).bind(args)

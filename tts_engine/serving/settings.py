@@ -27,7 +27,9 @@ class ServingSettings:
     # HTTP synthesis + cloning requests at once; more -> 503. None: the engine's batch (Stage 0's max_num_seqs,
     # 64 on a GPU), at least MIN_CONCURRENT: a fixed 8 turned 120 of 128 streams away on an H200 that steps 64
     max_concurrent: int | None = None
-    max_sessions: int = 8                     # WebRTC sessions at once (agents + UI); more -> 503
+    # WebRTC sessions at once (agents + UI); more -> 503. None: the engine's batch (at least MIN_CONCURRENT), so
+    # every session can speak at once; a fixed 8 refused half of 16 agents on an H200 that steps 64
+    max_sessions: int | None = None
     session_time_limit_s: int = 900           # how long a WebRTC connection may stay open
     max_upload_bytes: int = 20 * 1024 * 1024  # reference clip upload; larger -> 413
     max_new_tokens: int | None = None         # default frame cap per request (12.5 frames = 1 s); None: stage config
@@ -47,6 +49,14 @@ class ServingSettings:
 
     def concurrency_limit(self, engine_batch: int) -> int:
         """`max_concurrent`, or when unset the engine's batch (at least MIN_CONCURRENT)."""
-        if self.max_concurrent is not None:
-            return max(1, int(self.max_concurrent))
-        return max(MIN_CONCURRENT, int(engine_batch))
+        return _limit(self.max_concurrent, engine_batch)
+
+    def session_limit(self, engine_batch: int) -> int:
+        """`max_sessions`, or when unset the engine's batch (at least MIN_CONCURRENT)."""
+        return _limit(self.max_sessions, engine_batch)
+
+
+def _limit(configured: int | None, engine_batch: int) -> int:
+    if configured is not None:
+        return max(1, int(configured))
+    return max(MIN_CONCURRENT, int(engine_batch))

@@ -114,22 +114,33 @@ def build_agent_api(engine, library, settings: ServingSettings, lifecycle=None):
     from fastrtc import Stream
 
     from tts_engine.serving.errors import ApiError
-    from tts_engine.serving.server import build_api
+    from tts_engine.serving.server import build_api, engine_batch
 
     rtc_client, rtc_server, rtc_warning = rtc_configuration()
+    limit = settings.session_limit(engine_batch(engine))
     stream = Stream(make_agent_handler_class()(engine, settings.preroll_s), mode="send-receive", modality="audio",
-                    concurrency_limit=settings.max_sessions, time_limit=settings.session_time_limit_s,
+                    concurrency_limit=limit, time_limit=settings.session_time_limit_s,
                     rtc_configuration=rtc_client, server_rtc_configuration=rtc_server)
     app = build_api(engine, library, settings, sessions=FastrtcSessions(stream), lifecycle=lifecycle)
     app.state.stream = stream
+    opening = 0     # offers admitted and still being answered (not yet, or only just, in stream.pcs)
 
     @app.middleware("http")
     async def session_limit(request: Request, call_next):
-        if request.url.path == "/webrtc/offer" and request.method == "POST" and \
-                len(stream.pcs) >= settings.max_sessions:
-            return ApiError("too_many_sessions", f"too many concurrent sessions (limit {settings.max_sessions}); "
+        """The one refusal of a session over the limit (503 too_many_sessions). Offers being answered count
+        too: fastrtc adds a connection only after awaiting the SDP work, so a burst counted by `pcs` alone
+        passed here and met fastrtc's own check, a 200 with a body of another shape."""
+        nonlocal opening
+        if request.url.path != "/webrtc/offer" or request.method != "POST":
+            return await call_next(request)
+        if len(stream.pcs) + opening >= limit:
+            return ApiError("too_many_sessions", f"too many concurrent sessions (limit {limit}); "
                                                  "retry shortly").response()
-        return await call_next(request)
+        opening += 1
+        try:
+            return await call_next(request)
+        finally:
+            opening -= 1
 
     # Only the route we use and document. `stream.mount(app)` would also add WS /websocket/offer (a mu-law
     # audio socket for the agent handler) and POST /telephone/incoming + WS /telephone/handler (Twilio),
