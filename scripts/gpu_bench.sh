@@ -10,7 +10,7 @@ CK=/tmp/ckpt; mkdir -p $CK
 python3 -c "import torch, vllm, transformers; print('vllm', vllm.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__, torch.cuda.get_device_name())" || exit 1
 SHAPES=${SHAPES:-"1.7b 0.6b"}
 for s in $SHAPES; do
-  python3 -c "from tts_engine.tools.demo_checkpoint import build_demo_checkpoint as b; b('$CK/tts_bench_${s}_custom_voice', 'custom_voice', shape='$s', progress=False)" &
+  demo_checkpoint $s $CK > /dev/null &
 done
 wait
 echo "checkpoints built: $(du -sh $CK | cut -f1)"

@@ -8,8 +8,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
 OUT=${OUT:-/tmp/bench_out}; mkdir -p "$OUT"
-SHAPE=${SHAPE:-1.7b}; CK=/tmp/ckpt; mkdir -p $CK; M=$CK/tts_bench_${SHAPE}_custom_voice
-[ -f $M/config.json ] || python3 -c "from tts_engine.tools.demo_checkpoint import build_demo_checkpoint as b; b('$M', 'custom_voice', shape='$SHAPE', progress=False)"
+M=$(demo_checkpoint ${SHAPE:-1.7b}) || exit 1
 PORT=7860; URL=http://127.0.0.1:$PORT
 CUDA_VISIBLE_DEVICES=${APP_GPU:-0} python3 app.py --model $M --config ${CONFIG:-configs/qwen3_tts.yaml} --port $PORT \
   --voices /tmp/app_voices > $OUT/app.log 2>&1 &

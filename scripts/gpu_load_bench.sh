@@ -10,7 +10,7 @@ source scripts/gpu_env.sh
 OUT=${OUT:-/tmp/bench_out}; mkdir -p "$OUT"
 CK=/tmp/ckpt; mkdir -p $CK
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "from tts_engine.tools.demo_checkpoint import build_demo_checkpoint as b; b('$CK/tts_bench_1.7b_custom_voice', 'custom_voice', shape='1.7b', progress=False)"
+demo_checkpoint 1.7b > /dev/null || exit 1
 B="python3 -m tts_engine.tools.bench --demo 1.7b --demo-dir $CK --frames ${FRAMES:-50} --gpu-memory-utilization ${GPU_UTIL:-0.3}"
 # VARIANTS: each switches one optimization off in the running engine, at VARIANT_LEVELS and the closed levels
 timeout ${T_MAIN:-540} $B --cold --warmup 2 --arrival poisson --concurrency 16,1,16,20 --requests 40 \

@@ -12,7 +12,7 @@ source scripts/gpu_env.sh
 OUT=${OUT:-/tmp/bench_out}; mkdir -p "$OUT"
 CK=/tmp/ckpt; mkdir -p $CK; M=$CK/tts_bench_1.7b_custom_voice
 nvidia-smi -L
-[ -f $M/config.json ] || python3 -c "from tts_engine.tools.demo_checkpoint import build_demo_checkpoint as b; b('$M', 'custom_voice', shape='1.7b', progress=False)"
+demo_checkpoint 1.7b > /dev/null || exit 1
 export RAY_USAGE_STATS_ENABLED=0 RAY_ADDRESS=127.0.0.1:6379
 python3 -m ray.scripts.scripts start --head --port 6379 --include-dashboard=false --num-gpus 2 > $OUT/ray_start.log 2>&1 \
   || { echo "ray start failed"; tail -20 $OUT/ray_start.log; }

@@ -16,7 +16,7 @@ start)
   cat > $S/run.sh <<RUN
 cd $(pwd); source scripts/gpu_env.sh
 export CUDA_VISIBLE_DEVICES=${SOAK_GPU:-0}
-[ -f $CK/tts_bench_1.7b_custom_voice/config.json ] || python3 -c "from tts_engine.tools.demo_checkpoint import build_demo_checkpoint as b; b('$CK/tts_bench_1.7b_custom_voice', 'custom_voice', shape='1.7b', progress=False)"
+demo_checkpoint 1.7b $CK > /dev/null || exit 1
 nvidia-smi --query-gpu=index,memory.used --format=csv,noheader -i ${SOAK_GPU:-0} -l 10 > $S/nvidia_smi.csv &
 python3 -m tts_engine.tools.soak --demo 1.7b --demo-dir $CK --streams ${STREAMS:-64} --duration ${DURATION:-600} \
   --gpu-memory-utilization ${GPU_UTIL:-0.3} --json $S/soak.json --label "H200 soak" > $S/soak.log 2>&1

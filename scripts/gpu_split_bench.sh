@@ -7,7 +7,7 @@ source scripts/gpu_env.sh
 OUT=${OUT:-/tmp/bench_out}; mkdir -p "$OUT"
 CK=/tmp/ckpt; mkdir -p $CK
 nvidia-smi -L
-python3 -c "from tts_engine.tools.demo_checkpoint import build_demo_checkpoint as b; b('$CK/tts_bench_1.7b_custom_voice', 'custom_voice', shape='1.7b', progress=False)"
+demo_checkpoint 1.7b > /dev/null || exit 1
 for layout in one:configs/qwen3_tts.yaml split:configs/qwen3_tts_split_gpus.yaml; do
   name=${layout%%:*}; cfg=${layout#*:}
   timeout ${T:-240} python3 -m tts_engine.tools.bench --demo 1.7b --demo-dir $CK --stage-config $cfg --frames 50 \
