@@ -24,7 +24,7 @@ applications:
   - name: tts
     route_prefix: /
     import_path: tts_engine.serving.ray_app:build
-    args: {model: $M, config: configs/qwen3_tts.yaml, voices: /tmp/serve_voices, max_sessions: 8}
+    args: {model: $M, config: configs/qwen3_tts.yaml, voices: /tmp/serve_voices}
     deployments:
       - name: TTSReplica
         num_replicas: $n

@@ -52,6 +52,7 @@ def test_serve_configs_parse_and_build(name):
     from ray.serve.schema import ServeDeploySchema
 
     from tts_engine.serving.ray_app import build, engine_max_num_seqs
+    from tts_engine.serving.settings import ServingSettings
 
     data = yaml.safe_load((ROOT / "configs" / name).read_text())
     schema = ServeDeploySchema.parse_obj(data)
@@ -65,7 +66,8 @@ def test_serve_configs_parse_and_build(name):
         assert deployment["num_replicas"] == 2
     built = build(app.args)
     seqs = engine_max_num_seqs(app.args.get("config") or "configs/qwen3_tts_tiny_cpu.yaml")
-    assert built._bound_deployment._deployment_config.max_ongoing_requests == seqs + app.args["max_sessions"]
+    sessions = ServingSettings(max_sessions=app.args.get("max_sessions")).session_limit(seqs)
+    assert built._bound_deployment._deployment_config.max_ongoing_requests == seqs + sessions
 
 
 def test_health_check_asks_the_engine():

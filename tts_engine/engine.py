@@ -87,6 +87,7 @@ class TTSEngine:
         self._routes: dict[str, Route] = {}
         self._routes_lock = threading.Lock()
         self._closed = False
+        self._froze_gc = False
         self.connector = ChunkConnector(schedule=d.schedule, left_context_size=d.left_context_size)
         self.pipeline = AsyncDecodingPipeline(
             self.decoder, self.decoder_device, mode=d.decode_mode, max_batch_size=d.max_batch_size,
@@ -126,7 +127,13 @@ class TTSEngine:
         self.talker.close()
         self.pipeline.close()
         self.talker_engine.close()
-        gc.unfreeze()   # what warmup() froze becomes collectable again (a process may build another engine)
+        if self._froze_gc:      # what warmup() froze becomes collectable again; other warm engines stay frozen
+            self._froze_gc = False
+            _warm_engines[0] -= 1
+            gc.unfreeze()
+            gc.collect()
+            if _warm_engines[0]:
+                gc.freeze()
 
     def __enter__(self) -> "TTSEngine":
         return self
@@ -317,6 +324,9 @@ class TTSEngine:
         # What start-up built (weights' wrappers, graphs, compiled code, caches) lives as long as the engine:
         # collect once, then freeze it out of the collector's view, so a full collection while users wait
         # walks only what requests allocate (vLLM does the same once its core is built, before our stages).
+        if not self._froze_gc:
+            self._froze_gc = True
+            _warm_engines[0] += 1
         gc.collect()
         gc.freeze()
         elapsed = time.perf_counter() - start
@@ -463,6 +473,9 @@ class TTSEngine:
             subtalker=RowSampling(do_sample=pick(r.subtalker_do_sample, g.subtalker_do_sample),
                                   temperature=sub_t, top_k=sub_k, top_p=sub_p, generator=generator))
 
+
+
+_warm_engines = [0]   # engines of this process whose warmup() froze the collector's heap (see close)
 
 def _device_of(settings: StageConfig) -> str:
     """The talker's device: the configured one, else CUDA when there is a GPU."""

@@ -110,8 +110,8 @@ class FastrtcSessions:
 def build_agent_api(engine, library, settings: ServingSettings, lifecycle=None):
     """`build_api` plus fastrtc's `POST /webrtc/offer` for voice agents (no UI): what app.py serves under the
     UI and what each Ray Serve replica serves (ray_app.py). Returns (app, rtc_warning)."""
-    from fastapi import Request
     from fastrtc import Stream
+    from fastrtc.stream import Body
 
     from tts_engine.serving.errors import ApiError
     from tts_engine.serving.server import build_api, engine_batch
@@ -123,29 +123,22 @@ def build_agent_api(engine, library, settings: ServingSettings, lifecycle=None):
                     rtc_configuration=rtc_client, server_rtc_configuration=rtc_server)
     app = build_api(engine, library, settings, sessions=FastrtcSessions(stream), lifecycle=lifecycle)
     app.state.stream = stream
-    opening = 0     # offers admitted and still being answered (not yet, or only just, in stream.pcs)
 
-    @app.middleware("http")
-    async def session_limit(request: Request, call_next):
-        """The one refusal of a session over the limit (503 too_many_sessions). Offers being answered count
-        too: fastrtc adds a connection only after awaiting the SDP work, so a burst counted by `pcs` alone
-        passed here and met fastrtc's own check, a 200 with a body of another shape."""
-        nonlocal opening
-        if request.url.path != "/webrtc/offer" or request.method != "POST":
-            return await call_next(request)
-        if len(stream.pcs) + opening >= limit:
+    async def offer(body: Body):
+        """fastrtc's offer, behind the one refusal of a session over the limit (503 too_many_sessions). Counted
+        here, after the body is read: from this check to fastrtc adding the connection nothing awaits, so a
+        burst of offers cannot slip past it and meet fastrtc's own check (a 200 with a body of another
+        shape). Trickle ICE candidates of admitted sessions pass whatever the count."""
+        if body.type == "offer" and len(stream.pcs) >= limit:
             return ApiError("too_many_sessions", f"too many concurrent sessions (limit {limit}); "
                                                  "retry shortly").response()
-        opening += 1
-        try:
-            return await call_next(request)
-        finally:
-            opening -= 1
+        return await stream.offer(body)
+    offer.__annotations__["body"] = Body    # fastrtc is imported here, not at module level: give FastAPI the class
 
     # Only the route we use and document. `stream.mount(app)` would also add WS /websocket/offer (a mu-law
     # audio socket for the agent handler) and POST /telephone/incoming + WS /telephone/handler (Twilio),
     # unauthenticated, undocumented and untested here.
-    app.post("/webrtc/offer", tags=["realtime"], summary="Open a WebRTC session (fastrtc signalling)")(stream.offer)
+    app.post("/webrtc/offer", tags=["realtime"], summary="Open a WebRTC session (fastrtc signalling)")(offer)
     patch_fastrtc_track_end()
     app.state.rtc = (rtc_client, rtc_server)
     return app, rtc_warning

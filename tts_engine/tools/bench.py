@@ -388,9 +388,9 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
             prompts = engine.prompts
             previous[key] = prompts.stream is not None
             if not value:
-                prompts.stream = None
-            elif prompts.stream is None and prompts.device.type == "cuda":
-                prompts.stream = torch.cuda.Stream(prompts.device)
+                prompts._own_stream, prompts.stream = prompts.stream, None
+            elif prompts.stream is None:
+                prompts.stream = getattr(prompts, "_own_stream", None)
         elif key == "prompt_cache":
             previous[key] = engine.prompts.cache_constants
             engine.prompts.cache_constants = value
@@ -952,8 +952,9 @@ async def bench_webrtc(args, report: Callable[[dict], None]) -> list[dict]:
             while first is not None and time.perf_counter() < t0 + args.webrtc_timeout:
                 audible = agent.audible_since(t0, threshold)
                 if want_s is not None and sum(n for _, _, n in audible) / SAMPLE_RATE >= want_s:
-                    await client.post(args.webrtc + "/v1/realtime/interrupt", headers=agent.headers,
-                                      json={"webrtc_id": webrtc_id})
+                    with contextlib.suppress(httpx.HTTPError):    # the measurement is taken; stopping is courtesy
+                        await client.post(args.webrtc + "/v1/realtime/interrupt", headers=agent.headers,
+                                          json={"webrtc_id": webrtc_id})
                     break
                 if time.perf_counter() - audible[-1][0] > 1.0:      # the speech ended by itself
                     break

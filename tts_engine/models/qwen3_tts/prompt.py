@@ -89,7 +89,9 @@ class PromptBuilder:
         self.frame_embed = frame_embed
         self.device = next(text.parameters()).device
         # On CUDA the prompt is built on a stream of its own (see `build`); None builds on the caller's stream.
-        self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # (high priority: its few kernels go ahead of queued steps, and the pool of high-priority streams is
+        # not the one the stages' and graph captures' streams come from)
+        self.stream = torch.cuda.Stream(self.device, priority=-1) if self.device.type == "cuda" else None
         self._constants: dict[tuple, torch.Tensor] = {}
         self.cache_constants = True
 
@@ -103,7 +105,8 @@ class PromptBuilder:
             if len(self._constants) >= 256:      # a bound, should some key vary after all
                 self._constants.clear()
             embedded = self.text(self._ids(list(key[1]))) if kind == "T" else self.codec_embed(self._ids(list(key[1])))
-            self._constants[key] = embedded
+            if self.cache_constants:
+                self._constants[key] = embedded
         return embedded
 
     def _ids(self, ids: list[int]) -> torch.Tensor:
