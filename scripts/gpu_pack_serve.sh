@@ -29,6 +29,8 @@ for w in $W/dl/*.whl; do
   for x in $HAVE; do [ "$n" = "$x" ] && skip=1 && break; done
   [ $skip = 0 ] && unzip -q -o "$w" -d $W/site
 done
+# py-spy (a Ray dependency) keeps its binary, as /tmp/site/bin/py-spy: scripts/gpu_profile.sh samples the GIL.
+mkdir -p $W/site/bin && mv $W/site/py_spy-*.data/scripts/py-spy $W/site/bin/py-spy && chmod +x $W/site/bin/py-spy
 # Unused on the GPU: Ray's Java, RLlib/Tune/Train/Data and dashboard UI; Gradio's SSR node server and sources.
 rm -rf $W/site/ray/jars $W/site/ray/rllib $W/site/ray/tune $W/site/ray/train $W/site/ray/data \
   $W/site/ray/dashboard/client $W/site/gradio/templates/node $W/site/gradio/_frontend_code $W/site/py_spy-*.data
