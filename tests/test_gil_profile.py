@@ -2,14 +2,17 @@
 
 from tts_engine.tools.gil_profile import markdown, parse, summarize
 
-RAW = """\
-thread (101): tts-stage0;OwnerThread._run (tts_engine/stages/owner_thread.py:35);TalkerStage._run (tts_engine/stages/talker.py:141);TalkerEngine.step (tts_engine/stages/vllm_bridge.py:250);Scheduler.schedule (vllm/v1/core/sched/scheduler.py:300) 6
-thread (101): tts-stage0;OwnerThread._run (tts_engine/stages/owner_thread.py:35);TalkerStage.decode_embeddings (tts_engine/stages/talker.py:260) 2
-thread (102): tts-stage1;AsyncDecodingPipeline._loop (tts_engine/stages/decoder.py:120) 1
-thread (103): asyncio_0;_worker (concurrent/futures/thread.py:83);PromptBuilder._build (tts_engine/models/qwen3_tts/prompt.py:140) 1
-thread (104): asyncio_1;_worker (concurrent/futures/thread.py:83);Tokenizer.encode (tokenizers/x.py:10) 1
-not a sample line
-"""
+STAGE0 = "thread (101): tts-stage0;OwnerThread._run (tts_engine/stages/owner_thread.py:35)"
+EXECUTOR = "_worker (concurrent/futures/thread.py:83)"
+RAW = "\n".join([
+    f"{STAGE0};TalkerStage._run (tts_engine/stages/talker.py:141);TalkerEngine.step "
+    "(tts_engine/stages/vllm_bridge.py:250);Scheduler.schedule (vllm/v1/core/sched/scheduler.py:300) 6",
+    f"{STAGE0};TalkerStage.decode_embeddings (tts_engine/stages/talker.py:260) 2",
+    "thread (102): tts-stage1;AsyncDecodingPipeline._loop (tts_engine/stages/decoder.py:120) 1",
+    f"thread (103): asyncio_0;{EXECUTOR};PromptBuilder._build (tts_engine/models/qwen3_tts/prompt.py:140) 1",
+    f"thread (104): asyncio_1;{EXECUTOR};Tokenizer.encode (tokenizers/x.py:10) 1",
+    "not a sample line",
+])
 
 
 def test_samples_are_grouped_by_thread_with_where_in_our_code_they_were():
