@@ -80,6 +80,26 @@ class AgentSession:
     def audible_since(self, t0: float, threshold: float) -> list[tuple[float, float, int]]:
         return [f for f in self.frames if f[0] >= t0 and f[1] > threshold]
 
+    async def packets_received(self) -> int:
+        """RTP packets of audio received so far (the receiver's inbound-rtp stats)."""
+        count = 0
+        for receiver in self.pc.getReceivers():
+            if receiver.track is not None and receiver.track.kind == "audio":
+                for stats in (await receiver.getStats()).values():
+                    if getattr(stats, "type", "") == "inbound-rtp":
+                        count += stats.packetsReceived
+        return count
+
+    async def first_packet(self, t0: float, before: int, limit_s: float = 30) -> float | None:
+        """Seconds from t0 until the packet count passes `before` (polled every 2 ms): when audio reached this
+        machine, before aiortc's receive jitter buffer holds it back (it releases the first frame only once
+        4 packets, 80 ms, are in; a browser's jitter buffer adapts instead)."""
+        while time.perf_counter() - t0 < limit_s:
+            if await self.packets_received() > before:
+                return time.perf_counter() - t0
+            await asyncio.sleep(0.002)
+        return None
+
     async def first_audible(self, t0: float, threshold: float, limit_s: float = 30) -> float | None:
         """Seconds from t0 to the first audible frame, or None if none arrives within limit_s."""
         while time.perf_counter() - t0 < limit_s:
