@@ -151,3 +151,20 @@ def test_faster_rope_shim_falls_back_to_rope_parameters(monkeypatch):
                               num_attention_heads=4, head_dim=8)
     inv_freq, scale = shimmed(mimi_5x)
     assert scale == 1.0 and torch.allclose(inv_freq, torch.tensor([1.0, 0.1, 0.01, 0.001]))
+
+
+def test_client_side_modes_against_the_live_app(live_app, tmp_path):
+    """`--url` (HTTP streaming clients) and `--webrtc` (aiortc agents) against the running app: every request
+    answered, and over WebRTC the first RTP packet arrives no later than the first audible decoded frame."""
+    out = tmp_path / "url.json"
+    assert main(["--url", live_app, "--voice", "sample", "--concurrency", "2", "--requests", "2", "--frames", "6",
+                 "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["name"] == "http client" and row["errors"] == 0 and row["first_chunk_ms_p50"] > 0
+
+    out = tmp_path / "webrtc.json"
+    assert main(["--webrtc", live_app, "--voice", "sample", "--concurrency", "1", "--requests", "1",
+                 "--frames", "6", "--webrtc-timeout", "30", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["name"] == "webrtc client" and row["errors"] == 0, row["error_messages"]
+    assert 0 < row["first_chunk_ms_p50"] <= row["first_audible_ms_p50"]
