@@ -126,8 +126,9 @@ class PromptBuilder:
         Why a stream of its own: the builder uploads token ids and reads the prefill back for vLLM (which
         takes prompt embeddings from the host), and each of those copies waits for everything queued before
         it on its stream. On the default stream that is the talker's step and the code predictor of every
-        running request, so under load a new request's prompt waited for several steps before it reached
-        Stage 0. On its own stream it waits only for its own few small kernels. Stage 0 marks the tensors
+        running request, so a new request's prompt waited behind the steps in flight before it reached Stage 0
+        (time outside the stages, p95 on the H200: 8.8 -> 3.5 ms at 1 req/s, 274 -> 139 ms at 64 streams;
+        BENCHMARKS.md). On its own stream it waits only for its own few small kernels. Stage 0 marks the tensors
         its steps read (`trailing`, `tts_pad`) as used on its stream (`TalkerStage`), so the caching allocator
         does not hand their memory to another prompt while a step may still read them.
         """
