@@ -52,6 +52,8 @@ SAMPLE_RATE = 24000
 
 
 class TTSEngine:
+    _gc_freezers = 0   # engines of this process whose warmup() froze the collector's heap (see close)
+
     def __init__(self, config: Qwen3TTSConfig, settings: StageConfig, dtype: torch.dtype):
         self.config = config
         self.settings = settings
@@ -129,10 +131,10 @@ class TTSEngine:
         self.talker_engine.close()
         if self._froze_gc:      # what warmup() froze becomes collectable again; other warm engines stay frozen
             self._froze_gc = False
-            _warm_engines[0] -= 1
+            TTSEngine._gc_freezers -= 1
             gc.unfreeze()
             gc.collect()
-            if _warm_engines[0]:
+            if TTSEngine._gc_freezers:
                 gc.freeze()
 
     def __enter__(self) -> "TTSEngine":
@@ -326,7 +328,7 @@ class TTSEngine:
         # walks only what requests allocate (vLLM does the same once its core is built, before our stages).
         if not self._froze_gc:
             self._froze_gc = True
-            _warm_engines[0] += 1
+            TTSEngine._gc_freezers += 1
         gc.collect()
         gc.freeze()
         elapsed = time.perf_counter() - start
@@ -473,9 +475,6 @@ class TTSEngine:
             subtalker=RowSampling(do_sample=pick(r.subtalker_do_sample, g.subtalker_do_sample),
                                   temperature=sub_t, top_k=sub_k, top_p=sub_p, generator=generator))
 
-
-
-_warm_engines = [0]   # engines of this process whose warmup() froze the collector's heap (see close)
 
 def _device_of(settings: StageConfig) -> str:
     """The talker's device: the configured one, else CUDA when there is a GPU."""

@@ -384,7 +384,6 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
             torch.backends.cuda.matmul.allow_tf32 = value
             torch.backends.cudnn.allow_tf32 = value
         elif key == "prompt_stream":
-            import torch
             prompts = engine.prompts
             previous[key] = prompts.stream is not None
             if not value:
@@ -579,8 +578,8 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
             # the closed-loop levels (a second load shape on the same engine) run for every variant too
             shapes = [(run_args, variant_levels)]
             if args.closed_levels:
-                closed = argparse.Namespace(**{**vars(run_args), "arrival": "closed", "requests": None})
-                shapes.append((closed, [int(x) for x in args.closed_levels.split(",")]))
+                closed_args = argparse.Namespace(**{**vars(run_args), "arrival": "closed", "requests": None})
+                shapes.append((closed_args, [int(x) for x in args.closed_levels.split(",")]))
             previous = apply_variant(engine, settings)
             try:
                 for shape_args, shape_levels in shapes:
