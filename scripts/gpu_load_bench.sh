@@ -3,7 +3,8 @@
 # the first Poisson level right after start-up ("cold") and warm, then closed loop 1..128 streams, the
 # component breakdown; then the same cold level with only the old one-request warm-up (the variant that
 # switches the full start-up warm-up off; SINGLE=0 skips it). Knobs: VARIANTS (default), VARIANT_LEVELS (1,16),
-# CLOSED (1,16,64,128), FRAMES (50). Needs /tmp/site (scripts/gpu_setup.sh). Results in $OUT.
+# CLOSED (1,16,64,128), FRAMES (50), CONCURRENCY (16,1,16,20: Poisson req/s, the first one cold), ENGINE_VARIANT
+# (e.g. sync-scheduling: an engine started with that optimization off; its files get the name as suffix). Needs /tmp/site (scripts/gpu_setup.sh). Results in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
@@ -12,12 +13,14 @@ CK=/tmp/ckpt; mkdir -p $CK
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 demo_checkpoint 1.7b > /dev/null || exit 1
 B="python3 -m tts_engine.tools.bench --demo 1.7b --demo-dir $CK --frames ${FRAMES:-50} --gpu-memory-utilization ${GPU_UTIL:-0.3}"
+EV=${ENGINE_VARIANT:-}; [ -n "$EV" ] && B="$B --engine-variant $EV"
+SUF=${EV:+_$EV}
 # VARIANTS: each switches one optimization off in the running engine, at VARIANT_LEVELS and the closed levels
-timeout ${T_MAIN:-540} $B --cold --warmup 2 --arrival poisson --concurrency 16,1,16,20 --requests 40 \
+timeout ${T_MAIN:-540} $B --cold --warmup 2 --arrival poisson --concurrency ${CONCURRENCY:-16,1,16,20} --requests 40 \
   --closed-levels ${CLOSED:-1,16,64,128} --breakdown --label "load: full start-up warm-up" \
   --variants ${VARIANTS:-default} --variant-levels ${VARIANT_LEVELS:-1,16} \
-  --json $OUT/load_full.json --markdown $OUT/load_full.md > $OUT/load_full.log 2>&1
-echo "== full rc=$?"; grep -E '^\||Traceback|Error|warm-up' $OUT/load_full.log | tail -40
+  --json $OUT/load_full$SUF.json --markdown $OUT/load_full$SUF.md > $OUT/load_full$SUF.log 2>&1
+echo "== full rc=$?"; grep -E '^\||Traceback|Error|warm-up' $OUT/load_full$SUF.log | tail -40
 [ "${SINGLE:-1}" = 1 ] || exit 0
 timeout ${T_VARIANT:-240} $B --cold --warmup 0 --startup-warmup single --arrival poisson --concurrency 16 --requests 40 \
   --label "load: one-request start-up warm-up (variant)" \

@@ -59,6 +59,7 @@ def _write(tmp_path, edit, base: str = "qwen3_tts.yaml") -> Path:
     (lambda d: d["stage_args"][0]["engine_args"].update(gpu_memory_utilization=1.5), "gpu_memory_utilization"),
     (lambda d: d["stage_args"][0]["default_sampling_params"].update(temperature=-1), "temperature' must be > 0"),
     (lambda d: d.pop("async_chunk"), "key 'async_chunk' is missing"),
+    (lambda d: d["stage_args"][0]["engine_args"].update(async_scheduling="yes"), "async_scheduling' must be bool"),
 ])
 def test_invalid_configs_name_file_and_key(tmp_path, edit, message):
     path = _write(tmp_path, edit)
@@ -159,3 +160,10 @@ def test_the_model_key_is_read(tmp_path):
     assert load_stage_config(path).model == str(missing)
     with pytest.raises(CheckpointError, match="no-such-checkpoint"):
         TTSEngine.from_pretrained(stage_config=path)
+
+
+def test_async_scheduling_is_on_by_default_and_can_be_switched_off(tmp_path):
+    assert load_stage_config(CONFIGS / "qwen3_tts.yaml").talker.async_scheduling
+    path = _write(tmp_path, lambda d: d["stage_args"][0]["engine_args"].update(async_scheduling=False))
+    assert not load_stage_config(path).talker.async_scheduling
+    assert not engine_settings(CONFIGS / "qwen3_tts.yaml", async_scheduling=False).talker.async_scheduling

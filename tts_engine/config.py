@@ -73,6 +73,8 @@ class TalkerStageConfig:
     gpu_memory_utilization: float = 0.3
     kv_cache_gib: float | None = None         # CPU KV cache (VLLM_CPU_KVCACHE_SPACE); None: vLLM's default
     enforce_eager: bool | None = None         # None: eager on CPU, CUDA graphs on GPU
+    async_scheduling: bool = True             # vLLM prepares step t+1 while the GPU runs step t (GPU only:
+                                              # vLLM turns it off on CPU); the hooks tolerate the one-step lag
     seed: int = 0
     processor: Callable = talker2code2wav_async_chunk   # the stage input processor (Stage 0 -> Stage 1)
     sampling: dict[str, Any] = field(default_factory=dict)   # default_sampling_params
@@ -161,7 +163,7 @@ _RUNTIME = {"devices": ((str, int), False), "max_batch_size": (int, False)}
 _TALKER_ARGS = {"model_stage": (str, True), "worker_type": (str, False), "engine_output_type": (str, False),
                 "custom_process_next_stage_input_func": (str, True), "gpu_memory_utilization": (float, False),
                 "max_model_len": (int, False), "max_num_seqs": (int, False), "kv_cache_gib": (float, False),
-                "enforce_eager": (bool, False)}
+                "enforce_eager": (bool, False), "async_scheduling": (bool, False)}
 _DECODER_ARGS = {"model_stage": (str, True), "worker_type": (str, False), "engine_output_type": (str, False),
                  "chunk_size": (int, False), "left_context_size": (int, False), "initial_chunk_size": (int, False),
                  "chunk_growth": (int, False), "decode_mode": (str, False), "max_batch_frames": (int, False)}
@@ -326,6 +328,7 @@ def parse_stage_config(data: Any, where: str = "<stage config>") -> StageConfig:
         max_model_len=positive(p0 + "engine_args.", a0, "max_model_len", t.max_model_len, minimum=16),
         gpu_memory_utilization=float(utilization), kv_cache_gib=a0.get("kv_cache_gib", t.kv_cache_gib),
         enforce_eager=a0.get("enforce_eager", t.enforce_eager),
+        async_scheduling=a0.get("async_scheduling", t.async_scheduling),
         processor=_import_processor(where, p0 + "engine_args.custom_process_next_stage_input_func",
                                     a0["custom_process_next_stage_input_func"]),
         sampling=sampling)

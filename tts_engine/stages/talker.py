@@ -61,6 +61,21 @@ class _RequestState:
     internal_id: str = ""
     step: int = 0                           # decode steps fed so far (= frames completed)
     pending: list[torch.Tensor] = field(default_factory=list)   # frames not yet handed out
+    tokens: int = 0                         # codebook-0 tokens vLLM has reported
+    handed_out: int = 0                     # frames given to on_frames
+
+
+def frames_to_hand_out(pending: int, handed_out: int, tokens: int, finished: bool) -> int:
+    """How many of a request's pending frames may go on now.
+
+    A token's frame is made by the decode hook of the step after the one that sampled it. With async
+    scheduling vLLM launches that next step before it reports the token, so a frame can exist for a token
+    not reported yet, or for the stop token of a request that has just finished (the stop token is not
+    audio). Every reported token has its frame except the last one of a finished request (its stop token,
+    or the token that reached max_tokens, which no later step embeds): the same frames either way.
+    """
+    allowed = tokens - 1 if finished else tokens
+    return max(0, min(pending, allowed - handed_out))
 
 
 class TalkerStage:
@@ -235,19 +250,27 @@ class TalkerStage:
             self._release(state, error)
 
     def _deliver(self, outputs) -> None:
-        for state in list(self._by_id.values()):
-            if state.pending:
-                pending = state.pending
-                frames = pending[0].unsqueeze(0) if len(pending) == 1 else torch.stack(pending)
-                state.pending = []
-                state.on_frames(frames)
+        finished = {}
         for out in outputs:
             state = self._by_id.get(out.request_id)
-            if state is not None and out.finished:
-                error = None
-                if out.finish_reason not in (None, "stop", "length"):
-                    error = StreamFailed(f"the talker engine ended the request ({out.finish_reason})")
-                self._release(state, error)
+            if state is not None:
+                state.tokens += out.new_tokens
+                if out.finished:
+                    finished[out.request_id] = out
+        for state in list(self._by_id.values()):
+            if state.pending:
+                count = frames_to_hand_out(len(state.pending), state.handed_out, state.tokens,
+                                           state.request_id in finished)
+                ready, state.pending = state.pending[:count], state.pending[count:]
+                if ready:
+                    state.handed_out += len(ready)
+                    state.on_frames(ready[0].unsqueeze(0) if len(ready) == 1 else torch.stack(ready))
+        for out in finished.values():
+            state = self._by_id[out.request_id]
+            error = None
+            if out.finish_reason not in (None, "stop", "length"):
+                error = StreamFailed(f"the talker engine ended the request ({out.finish_reason})")
+            self._release(state, error)
 
     # ---- hooks called by the model inside engine.step() --------------------------------------------
     @torch.inference_mode()

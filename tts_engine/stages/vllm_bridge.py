@@ -170,6 +170,7 @@ class StepOutput:
     request_id: str      # the id given to add() (vLLM reports external ids)
     finished: bool
     finish_reason: str | None
+    new_tokens: int = 0  # codebook-0 tokens this step reported for the request (a stop token included)
 
 
 class TalkerEngine:
@@ -177,7 +178,7 @@ class TalkerEngine:
 
     def __init__(self, checkpoint: Path, talker_config: dict, *, dtype: torch.dtype, device: str,
                  max_num_seqs: int, max_model_len: int, gpu_memory_utilization: float,
-                 kv_cache_gib: float | None, enforce_eager: bool, seed: int = 0):
+                 kv_cache_gib: float | None, enforce_eager: bool, async_scheduling: bool = True, seed: int = 0):
         check_vllm_version()
         configure_environment()
         from vllm.engine.arg_utils import EngineArgs
@@ -189,7 +190,7 @@ class TalkerEngine:
             model=str(self.folder), skip_tokenizer_init=True, enable_prompt_embeds=True,
             dtype=str(dtype).removeprefix("torch."), max_model_len=max_model_len, max_num_seqs=max_num_seqs,
             enforce_eager=enforce_eager, enable_prefix_caching=False, gpu_memory_utilization=gpu_memory_utilization,
-            seed=seed, disable_log_stats=True, async_scheduling=False,
+            seed=seed, disable_log_stats=True, async_scheduling=async_scheduling,
             kv_cache_memory_bytes=int(kv_cache_gib * 2**30) if kv_cache_gib else None,
         )
         self.engine = LLMEngine.from_engine_args(args)
@@ -202,6 +203,9 @@ class TalkerEngine:
         self.max_model_len = max_model_len
         self.max_num_seqs = max_num_seqs
         self.enforce_eager = enforce_eager
+        # What vLLM settled on (it turns async scheduling off on CPU): with it on, step() launches step t+1
+        # before it returns step t's outputs, so the decode hook has already run for every token it reports.
+        self.async_scheduling = bool(self.engine.vllm_config.scheduler_config.async_scheduling)
         self._check_capacity(max_num_seqs, max_model_len)
 
     def _check_capacity(self, max_num_seqs: int, max_model_len: int) -> None:
@@ -241,7 +245,8 @@ class TalkerEngine:
         outputs = []
         for out in self.engine.step():
             reason = out.outputs[0].finish_reason if out.outputs else None
-            outputs.append(StepOutput(out.request_id, out.finished, reason))
+            tokens = len(out.outputs[0].token_ids) if out.outputs else 0
+            outputs.append(StepOutput(out.request_id, out.finished, reason, tokens))
         return outputs
 
     def unfinished_request_ids(self) -> list[str]:

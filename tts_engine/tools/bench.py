@@ -342,6 +342,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
+# Variants that need an engine of their own (set at start-up, not switchable in a running engine):
+# `--engine-variant NAME` starts the engine with these stage-config overrides and names its rows after it.
+ENGINE_VARIANTS: dict[str, dict[str, Any]] = {
+    "sync-scheduling": {"async_scheduling": False},    # vLLM schedules step t+1 only after step t's outputs
+}
+
+
 _SCHEDULE_FIELDS = {"initial_chunk_size": "initial", "chunk_size": "size", "chunk_growth": "growth"}
 
 
@@ -530,6 +537,8 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
         overrides["gpu_memory_utilization"] = args.gpu_memory_utilization
     else:
         overrides["kv_cache_gib"] = args.kv_cache_gib
+    overrides.update(ENGINE_VARIANTS.get(args.engine_variant, {}))
+    base = f"ours/{args.engine_variant}" if args.engine_variant else "ours"
     t = time.perf_counter()
     engine = TTSEngine.from_pretrained(folder, stage_config=default_stage_config(args, on_gpu), dtype=args.dtype,
                                        **overrides)
@@ -538,7 +547,10 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
     graphs = engine.talker_engine.model.code_predictor.graphs
     info = {"engine_startup_s": round(startup_s, 1), "predictor_graphs": graphs is not None,
             "predictor_compiled": bool(graphs is not None and graphs.compiled),
-            "decoder_graphs": engine.decoder._graphs is not None}
+            "decoder_graphs": engine.decoder._graphs is not None,
+            "async_scheduling": engine.talker_engine.async_scheduling}
+    if args.engine_variant:
+        info["engine_variant"] = args.engine_variant
     voice = None
     if engine.config.model_type == "base":
         clip = Path(args.ref_audio) if args.ref_audio else REPO / "assets" / "reference_en.wav"
@@ -557,7 +569,7 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
             log.info("start-up warm-up (%s) took %.1f s", args.startup_warmup, info["startup_warmup_s"])
         if args.cold:                           # the first level users meet after start-up
             results, wall = await run_level(engine, args, levels[0], voice, 50_000)
-            row = summarize("ours/cold", levels[0], args.arrival, results, wall, args.frames, {**info, "variant": "cold"})
+            row = summarize(f"{base}/cold", levels[0], args.arrival, results, wall, args.frames, {**info, "variant": "cold"})
             _keep_details(args, row, results)
             rows.append(row)
             report(row)
@@ -586,7 +598,7 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
                     for level in shape_levels:
                         results, wall = await run_level(engine, shape_args, level, voice, index)
                         index += len(results)
-                        row = summarize(f"ours/{variant}" if variant != "default" else "ours", level,
+                        row = summarize(f"{base}/{variant}" if variant != "default" else base, level,
                                         shape_args.arrival, results, wall, shape_args.frames,
                                         {**info, "variant": variant})
                         _keep_details(args, row, results)
@@ -1086,6 +1098,8 @@ def parse_args(argv=None):
     load.add_argument("--cold", action="store_true",
                       help="run the first level right after start-up, before the bench's warm-up (row 'ours/cold')")
     load.add_argument("--variants", default="default", help=f"comma list of {sorted(VARIANTS)}")
+    load.add_argument("--engine-variant", choices=sorted(ENGINE_VARIANTS),
+                      help="start the engine with this optimization off (rows named ours/NAME/...)")
     load.add_argument("--variant-levels", help="levels for non-default variants (default: --concurrency)")
     load.add_argument("--variant-frames", type=int, help="frames per request for non-default variants")
     load.add_argument("--speaker")

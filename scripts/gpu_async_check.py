@@ -1,0 +1,94 @@
+"""Async scheduling changes when vLLM reports a token, never which frames a request streams.
+
+Runs the same requests on an engine with vLLM's async scheduling off and on and compares every request's
+codec frames and audio bit for bit; exits 1 on any difference. Requests run one at a time (a batch's
+composition differs between the two modes for one step after a request stops, and bf16 GEMMs of other
+batch sizes need not round alike). The checkpoint's EOS row is made likely, so most requests end on their
+stop token at different steps (the case async scheduling makes a frame for that has to be dropped); the rest
+run to max_new_tokens. CPU vLLM always schedules synchronously, so there the two runs must match trivially;
+the check means something on a GPU (scripts/gpu_bench.sh runs it).
+
+    python3 scripts/gpu_async_check.py [--shape tiny|0.6b|1.7b] [--requests 12] [--root /tmp/ckpt_eos]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tts_engine import SpeechRequest, TTSEngine  # noqa: E402
+from tts_engine.tools.demo_checkpoint import build_demo_checkpoint  # noqa: E402
+
+EOS_BOOST = 6.0   # the EOS row of the codec head = EOS_BOOST x token 0's row: EOS wins often, not always
+
+
+def eos_prone_checkpoint(root: Path, shape: str) -> Path:
+    folder = root / f"eos_{shape}"
+    if (folder / "config.json").exists():
+        return folder
+    build_demo_checkpoint(folder, "custom_voice", shape=shape, progress=False)
+    eos = json.loads((folder / "config.json").read_text())["talker_config"]["codec_eos_token_id"]
+    weights = load_file(folder / "model.safetensors")
+    head = weights["talker.codec_head.weight"]
+    head[eos] = EOS_BOOST * head[0]
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+def run(folder: Path, async_scheduling: bool, requests: int, on_gpu: bool) -> tuple[bool, list]:
+    config = REPO / "configs" / ("qwen3_tts.yaml" if on_gpu else "qwen3_tts_tiny_cpu.yaml")
+    overrides = {"gpu_memory_utilization": 0.2} if on_gpu else {"kv_cache_gib": 0.5}
+    engine = TTSEngine.from_pretrained(folder, stage_config=config, max_num_seqs=8, max_model_len=512,
+                                       async_scheduling=async_scheduling, **overrides)
+    results = []
+    try:
+        speaker = engine.config.supported_speakers[0]
+        for i in range(requests):
+            greedy = i % 3 == 2
+            request = SpeechRequest(text=f"Request number {i} checks the stream.", speaker=speaker, seed=1000 + i,
+                                    do_sample=not greedy, max_new_tokens=24 + 7 * i)
+            out = engine.synthesize(request)
+            results.append((out.codes, out.audio))
+        return engine.talker_engine.async_scheduling, results
+    finally:
+        engine.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="tiny", choices=("tiny", "0.6b", "1.7b"))
+    ap.add_argument("--requests", type=int, default=12)
+    ap.add_argument("--root", default="/tmp/ckpt_eos")
+    args = ap.parse_args()
+    on_gpu = torch.cuda.is_available()
+    folder = eos_prone_checkpoint(Path(args.root), args.shape)
+    t = time.perf_counter()
+    sync_mode, sync = run(folder, False, args.requests, on_gpu)
+    async_mode, lagged = run(folder, True, args.requests, on_gpu)
+    print(f"engines: sync run async_scheduling={sync_mode}, async run async_scheduling={async_mode} "
+          f"({time.perf_counter() - t:.0f} s)")
+    bad = 0
+    for i, ((codes_s, audio_s), (codes_a, audio_a)) in enumerate(zip(sync, lagged)):
+        limit = 24 + 7 * i
+        same = codes_s.shape == codes_a.shape and np.array_equal(codes_s, codes_a) and np.array_equal(audio_s, audio_a)
+        bad += not same
+        print(f"request {i:2d}: frames sync {codes_s.shape[0]:3d} async {codes_a.shape[0]:3d} "
+              f"({'stopped on EOS' if codes_s.shape[0] < limit - 1 else 'reached max_new_tokens'}) "
+              f"{'same' if same else 'DIFFERENT'}")
+    stopped = sum(c.shape[0] < 24 + 7 * i - 1 for i, (c, _) in enumerate(sync))
+    print(f"{args.requests - bad}/{args.requests} identical; {stopped} ended on EOS")
+    return 1 if bad or not stopped else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
