@@ -60,6 +60,7 @@ def _write(tmp_path, edit, base: str = "qwen3_tts.yaml") -> Path:
     (lambda d: d["stage_args"][0]["default_sampling_params"].update(temperature=-1), "temperature' must be > 0"),
     (lambda d: d.pop("async_chunk"), "key 'async_chunk' is missing"),
     (lambda d: d["stage_args"][0]["engine_args"].update(async_scheduling="yes"), "async_scheduling' must be bool"),
+    (lambda d: d["stage_args"][1]["engine_args"].update(initial_chunk_repeats=0), "initial_chunk_repeats' must be >= 1"),
 ])
 def test_invalid_configs_name_file_and_key(tmp_path, edit, message):
     path = _write(tmp_path, edit)
@@ -128,6 +129,9 @@ def test_schedule_warmup_and_graph_shapes_come_from_one_place():
     # the YAML allows 64 streams per decode: graphs must reach 64 (they stopped at 16)
     assert decoder.max_batch_size == 64 and decoder.graph_batch_sizes() == [1, 2, 4, 8, 16, 32, 64]
     assert ChunkSchedule(4, 7, 1).sizes() == [4, 7] and ChunkSchedule(3, 20, 2).sizes() == [3, 6, 12, 20]
+    twice = ChunkSchedule(1, 25, 2, repeats=2)           # the first size twice, then the growth
+    assert [twice.frames(k) for k in range(8)] == [1, 1, 2, 4, 8, 16, 25, 25]
+    assert twice.sizes() == [1, 2, 4, 8, 16, 25] and twice.frames_through_steady() == 57
     assert DecoderStageConfig(max_batch_size=12).graph_batch_sizes() == [1, 2, 4, 8, 12]
     # every remainder a last chunk can have is a graph too; big chunks are split so a call holds at most
     # max_batch_frames (16 x 25 by default): 64 one-frame streams in one call, 16 streams of 25 frames

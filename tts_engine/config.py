@@ -28,20 +28,25 @@ class StageConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ChunkSchedule:
-    """How many new frames each chunk of a stream carries: `initial` first, then (growth g > 1)
-    initial * g**k capped at `size`, else `size`: 1, 2, 4, 8, 16, 25, 25, ... by default, so a real-time
-    player fed by a tiny first chunk never runs dry while the next, bigger one is generated."""
+    """How many new frames each chunk of a stream carries: `initial` for the first `repeats` chunks, then
+    (growth g > 1) initial * g**k capped at `size`, else `size`: 1, 2, 4, 8, 16, 25, 25, ... by default, so a
+    real-time player fed by a tiny first chunk never runs dry while the next, bigger one is generated.
+
+    The second chunk is the tight one: it must be generated and decoded while the first plays, i.e. within
+    initial x 80 ms, and it takes `initial * g` talker steps. `repeats` = 2 (1, 1, 2, 4, ...) halves that
+    when steps are slow (many streams), for one more decode call per stream."""
 
     initial: int = 1
     size: int = 25
     growth: int = 2
+    repeats: int = 1
 
     def frames(self, chunk_idx: int) -> int:
-        if chunk_idx == 0:
+        if chunk_idx < self.repeats:
             return self.initial
         if self.growth <= 1:
             return self.size
-        return min(self.size, self.initial * self.growth ** chunk_idx)
+        return min(self.size, self.initial * self.growth ** (chunk_idx - self.repeats + 1))
 
     def steady_index(self) -> int:
         """Index of the first chunk from which every chunk has `frames(k) == frames(steady_index())`."""
@@ -89,6 +94,7 @@ class DecoderStageConfig:
     left_context_size: int = 25
     initial_chunk_size: int = 1
     chunk_growth: int = 2                     # >1: chunks grow geometrically from the first to chunk_size
+    initial_chunk_repeats: int = 1            # chunks of initial_chunk_size before the growth starts
     decode_mode: str = "exact"                # exact (carried state) | context (the seed's left-context method)
     max_batch_size: int = 16                  # streams decoded in one call (and CUDA graphs captured up to it)
     max_batch_frames: int = 400               # streams x new frames in one call: a round of big chunks is split
@@ -96,7 +102,7 @@ class DecoderStageConfig:
 
     @property
     def schedule(self) -> ChunkSchedule:
-        return ChunkSchedule(self.initial_chunk_size, self.chunk_size, self.chunk_growth)
+        return ChunkSchedule(self.initial_chunk_size, self.chunk_size, self.chunk_growth, self.initial_chunk_repeats)
 
     def graph_frame_counts(self) -> list[int]:
         """Frame counts of the decoder's CUDA graphs: every chunk size of the schedule and every remainder
@@ -166,7 +172,8 @@ _TALKER_ARGS = {"model_stage": (str, True), "worker_type": (str, False), "engine
                 "enforce_eager": (bool, False), "async_scheduling": (bool, False)}
 _DECODER_ARGS = {"model_stage": (str, True), "worker_type": (str, False), "engine_output_type": (str, False),
                  "chunk_size": (int, False), "left_context_size": (int, False), "initial_chunk_size": (int, False),
-                 "chunk_growth": (int, False), "decode_mode": (str, False), "max_batch_frames": (int, False)}
+                 "chunk_growth": (int, False), "initial_chunk_repeats": (int, False), "decode_mode": (str, False),
+                 "max_batch_frames": (int, False)}
 _SAMPLING = {"temperature": (float, False), "top_k": (int, False), "top_p": (float, False),
              "repetition_penalty": (float, False), "max_tokens": (int, False), "do_sample": (bool, False),
              "subtalker_do_sample": (bool, False), "subtalker_temperature": (float, False),
@@ -340,6 +347,7 @@ def parse_stage_config(data: Any, where: str = "<stage config>") -> StageConfig:
         left_context_size=positive(p1 + "engine_args.", a1, "left_context_size", d.left_context_size, minimum=0),
         initial_chunk_size=positive(p1 + "engine_args.", a1, "initial_chunk_size", d.initial_chunk_size),
         decode_mode=mode, chunk_growth=positive(p1 + "engine_args.", a1, "chunk_growth", d.chunk_growth),
+        initial_chunk_repeats=positive(p1 + "engine_args.", a1, "initial_chunk_repeats", d.initial_chunk_repeats),
         max_batch_size=positive(p1 + "runtime.", r1, "max_batch_size", d.max_batch_size),
         max_batch_frames=positive(p1 + "engine_args.", a1, "max_batch_frames", d.max_batch_frames))
     config = StageConfig(path=None, async_chunk=data["async_chunk"], model=data.get("model"), talker=talker,

@@ -339,6 +339,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "prompt-default-stream": {"prompt_stream": False},                 # prompts built on the steps' stream
     "gc-unfrozen": {"gc_frozen": False},                               # no gc.freeze() after the warm-up
     "prompt-uncached": {"prompt_cache": False},                        # every prompt embeds its constant parts
+    # candidates (switched on): the second chunk's deadline under many streams
+    "first-chunk-twice": {"initial_chunk_repeats": 2},                 # 1, 1, 2, 4, ...: half the steps for chunk 2
+    "decoder-calls-100-frames": {"decoder_batch_frames": 100},         # shorter Stage 1 calls (4 x 25, not 16 x 25)
 }
 
 
@@ -349,7 +352,8 @@ ENGINE_VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-_SCHEDULE_FIELDS = {"initial_chunk_size": "initial", "chunk_size": "size", "chunk_growth": "growth"}
+_SCHEDULE_FIELDS = {"initial_chunk_size": "initial", "chunk_size": "size", "chunk_growth": "growth",
+                    "initial_chunk_repeats": "repeats"}
 
 
 def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
@@ -407,6 +411,12 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
                 gc.freeze()
             else:
                 gc.unfreeze()
+        elif key == "decoder_batch_frames":
+            # streams x new frames per Stage 1 call; the captured graphs (powers of two) cover smaller batches
+            decoder_settings = engine.settings.decoder
+            previous[key] = getattr(engine.pipeline, "batch_frames", decoder_settings.max_batch_frames)
+            engine.pipeline.batch_frames = value
+            engine.pipeline.batch_limit = dataclasses.replace(decoder_settings, max_batch_frames=value).batch_limit
         elif key in _SCHEDULE_FIELDS:
             schedule = engine.connector.schedule
             name = _SCHEDULE_FIELDS[key]
