@@ -110,12 +110,13 @@ def undeclared_processor(connector, pooling_output, request):   # a processor wi
 def test_leaving_a_key_out_gives_the_same_default_as_no_yaml(tmp_path):
     def strip(d):
         d["stage_args"][0]["runtime"].pop("max_batch_size")
-        for key in ("chunk_size", "left_context_size", "initial_chunk_size", "chunk_growth", "decode_mode"):
+        for key in ("chunk_size", "left_context_size", "initial_chunk_size", "initial_chunk_repeats", "chunk_growth",
+                    "decode_mode"):
             d["stage_args"][1]["engine_args"].pop(key)
         d["stage_args"][1]["runtime"].pop("max_batch_size")
     parsed = load_stage_config(_tiny_yaml(tmp_path, strip))
     defaults = engine_settings(None)
-    assert parsed.decoder.schedule == defaults.decoder.schedule == ChunkSchedule(1, 25, 2)
+    assert parsed.decoder.schedule == defaults.decoder.schedule == ChunkSchedule(1, 25, 2, repeats=2)
     assert parsed.talker.max_num_seqs == defaults.talker.max_num_seqs == TalkerStageConfig().max_num_seqs
     assert parsed.decoder.max_batch_size == defaults.decoder.max_batch_size
     assert defaults.talker.processor is talker2code2wav_async_chunk and defaults.async_chunk
@@ -124,14 +125,14 @@ def test_leaving_a_key_out_gives_the_same_default_as_no_yaml(tmp_path):
 def test_schedule_warmup_and_graph_shapes_come_from_one_place():
     decoder = load_stage_config(CONFIGS / "qwen3_tts.yaml").decoder
     assert decoder.schedule.sizes() == [1, 2, 4, 8, 16, 25]
-    assert [decoder.schedule.frames(k) for k in range(8)] == [1, 2, 4, 8, 16, 25, 25, 25]
-    assert decoder.schedule.frames_through_steady() == 1 + 2 + 4 + 8 + 16 + 25
+    assert [decoder.schedule.frames(k) for k in range(8)] == [1, 1, 2, 4, 8, 16, 25, 25]
+    assert decoder.schedule.frames_through_steady() == 1 + 1 + 2 + 4 + 8 + 16 + 25
     # the YAML allows 64 streams per decode: graphs must reach 64 (they stopped at 16)
     assert decoder.max_batch_size == 64 and decoder.graph_batch_sizes() == [1, 2, 4, 8, 16, 32, 64]
     assert ChunkSchedule(4, 7, 1).sizes() == [4, 7] and ChunkSchedule(3, 20, 2).sizes() == [3, 6, 12, 20]
-    twice = ChunkSchedule(1, 25, 2, repeats=2)           # the first size twice, then the growth
-    assert [twice.frames(k) for k in range(8)] == [1, 1, 2, 4, 8, 16, 25, 25]
-    assert twice.sizes() == [1, 2, 4, 8, 16, 25] and twice.frames_through_steady() == 57
+    once = ChunkSchedule(1, 25, 2, repeats=1)            # growth from the second chunk on
+    assert [once.frames(k) for k in range(8)] == [1, 2, 4, 8, 16, 25, 25, 25]
+    assert once.sizes() == [1, 2, 4, 8, 16, 25] and once.frames_through_steady() == 56
     assert DecoderStageConfig(max_batch_size=12).graph_batch_sizes() == [1, 2, 4, 8, 12]
     # every remainder a last chunk can have is a graph too; big chunks are split so a call holds at most
     # max_batch_frames (16 x 25 by default): 64 one-frame streams in one call, 16 streams of 25 frames

@@ -334,14 +334,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "no-decoder-graphs": {"decoder_graphs": False},
     "decoder-graphs-b1": {"decoder_graph_max_batch": 1},              # graphs for single streams only
     "decoder-fp32": {"tf32": False},                                   # no TF32 in the codec
-    "seed-chunks": {"initial_chunk_size": 1, "chunk_growth": 1},       # 1 frame, then 25 at a time
+    "seed-chunks": {"initial_chunk_size": 1, "chunk_growth": 1, "initial_chunk_repeats": 1},   # 1, then 25s
     "first-chunk-4": {"initial_chunk_size": 4},
     "prompt-default-stream": {"prompt_stream": False},                 # prompts built on the steps' stream
     "gc-unfrozen": {"gc_frozen": False},                               # no gc.freeze() after the warm-up
     "prompt-uncached": {"prompt_cache": False},                        # every prompt embeds its constant parts
-    # candidates (switched on): the second chunk's deadline under many streams
-    "first-chunk-twice": {"initial_chunk_repeats": 2},                 # 1, 1, 2, 4, ...: half the steps for chunk 2
-    "decoder-calls-100-frames": {"decoder_batch_frames": 100},         # shorter Stage 1 calls (4 x 25, not 16 x 25)
+    "first-chunk-once": {"initial_chunk_repeats": 1},                  # 1, 2, 4, ...: chunk 2 takes twice the steps
+    # a candidate (switched on): shorter Stage 1 calls (4 x 25 frames, not 16 x 25)
+    "decoder-calls-100-frames": {"decoder_batch_frames": 100},
 }
 
 
