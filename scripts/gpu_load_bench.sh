@@ -4,7 +4,9 @@
 # component breakdown; then the same cold level with only the old one-request warm-up (the variant that
 # switches the full start-up warm-up off; SINGLE=0 skips it). Knobs: VARIANTS (default), VARIANT_LEVELS (1,16),
 # CLOSED (1,16,64,128), FRAMES (50), CONCURRENCY (16,1,16,20: Poisson req/s, the first one cold), ENGINE_VARIANT
-# (e.g. sync-scheduling: an engine started with that optimization off; its files get the name as suffix). Needs /tmp/site (scripts/gpu_setup.sh). Results in $OUT.
+# (e.g. sync-scheduling: an engine started with that optimization off; its files get the name as suffix),
+# KERNEL_PROFILE (3: one-stream requests under torch.profiler at the end, 0: none). Needs /tmp/site
+# (scripts/gpu_setup.sh). Results in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
@@ -17,10 +19,10 @@ EV=${ENGINE_VARIANT:-}; [ -n "$EV" ] && B="$B --engine-variant $EV"
 SUF=${EV:+_$EV}
 # VARIANTS: each switches one optimization off in the running engine, at VARIANT_LEVELS and the closed levels
 timeout ${T_MAIN:-540} $B --cold --warmup 2 --arrival poisson --concurrency ${CONCURRENCY:-16,1,16,20} --requests 40 \
-  --closed-levels ${CLOSED:-1,16,64,128} --breakdown --label "load: full start-up warm-up" \
+  --closed-levels ${CLOSED:-1,16,64,128} --breakdown --kernel-profile ${KERNEL_PROFILE:-3} --label "load: full start-up warm-up" \
   --variants ${VARIANTS:-default} --variant-levels ${VARIANT_LEVELS:-1,16} \
   --json $OUT/load_full$SUF.json --markdown $OUT/load_full$SUF.md > $OUT/load_full$SUF.log 2>&1
-echo "== full rc=$?"; grep -E '^\||Traceback|Error|warm-up' $OUT/load_full$SUF.log | tail -40
+echo "== full rc=$?"; grep -E '^\||frames, .* kernels|Traceback|Error|warm-up' $OUT/load_full$SUF.log | tail -60
 [ "${SINGLE:-1}" = 1 ] || exit 0
 timeout ${T_VARIANT:-240} $B --cold --warmup 0 --startup-warmup single --arrival poisson --concurrency 16 --requests 40 \
   --label "load: one-request start-up warm-up (variant)" \

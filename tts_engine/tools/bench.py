@@ -616,6 +616,12 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
                         report(row)
             finally:
                 apply_variant(engine, previous)
+        if args.kernel_profile and engine.device.type == "cuda":
+            from tts_engine.tools import kernel_profile
+            summary = kernel_profile.profile_requests(
+                engine, [make_request(args, 90_000 + i, voice) for i in range(args.kernel_profile)])
+            print(kernel_profile.markdown(summary), flush=True)
+            report({"name": "kernel profile", "level": 1, **summary})
         if args.breakdown and engine.device.type == "cuda":
             for row in component_timings(engine, max(levels)):
                 report({"name": "component", "level": row["batch"], **row})
@@ -1138,6 +1144,9 @@ def parse_args(argv=None):
     out.add_argument("--markdown", help="write the table here")
     out.add_argument("--keep-requests", action="store_true", help="per-request details in the JSON")
     out.add_argument("--breakdown", action="store_true", help="GPU: also time the predictor and decoder alone")
+    out.add_argument("--kernel-profile", type=int, default=0, metavar="N",
+                     help="GPU: then run N requests one at a time under torch.profiler: GPU busy share and the "
+                          "kernels per frame (tools/kernel_profile.py)")
     out.add_argument("--label", default="", help="free text stored with the results")
     args = ap.parse_args(argv)
     if not (args.webrtc or args.url or args.model or args.demo or args.combine):

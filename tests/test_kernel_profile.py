@@ -1,0 +1,29 @@
+"""The kernel profile's arithmetic: busy time is the union of overlapping kernels, shares add up."""
+
+from __future__ import annotations
+
+import pytest
+
+from tts_engine.tools.kernel_profile import Kernel, busy_us, markdown, summarize
+
+
+def test_busy_time_is_the_union_of_intervals_across_streams():
+    kernels = [Kernel("a", 7, 0, 10), Kernel("b", 9, 5, 15),     # overlap on two streams: 0..15
+               Kernel("c", 7, 20, 30), Kernel("d", 7, 22, 25),   # nested: 20..30
+               Kernel("e", 7, 40, 41)]
+    assert busy_us(kernels) == 15 + 10 + 1
+    assert busy_us([]) == 0
+
+
+def test_summary_per_frame_and_ranking():
+    kernels = [Kernel("gemm", 7, i * 100, i * 100 + 60) for i in range(4)] + [
+        Kernel("decode", 9, 10, 30), Kernel("decode", 9, 310, 330)]
+    summary = summarize(kernels, frames=2, top=1)
+    assert summary["kernels"] == 6 and summary["kernels_per_frame"] == 3.0
+    assert summary["window_ms_per_frame"] == pytest.approx(0.36 / 2, abs=1e-3)     # 0..360 us
+    assert summary["busy_ms_per_frame"] == pytest.approx(0.24 / 2, abs=1e-3)       # decodes overlap gemms
+    assert summary["gpu_busy_pct"] == pytest.approx(100 * 240 / 360, abs=0.1)
+    assert summary["streams"] == {"7": 0.12, "9": 0.02}
+    assert summary["top"] == [{"kernel": "gemm", "ms_per_frame": 0.12, "per_frame": 2.0, "share_pct": 85.7}]
+    assert "| `gemm` | 0.12 | 2.0 | 85.7% |" in markdown(summary)
+    assert summarize([], frames=3) == {"frames": 3, "kernels": 0}
