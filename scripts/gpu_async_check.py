@@ -6,7 +6,7 @@ composition differs between the two modes for one step after a request stops, an
 batch sizes need not round alike). The checkpoint's EOS row is made likely, so most requests end on their
 stop token at different steps (the case async scheduling makes a frame for that has to be dropped); the rest
 run to max_new_tokens. CPU vLLM always schedules synchronously, so there the two runs must match trivially;
-the check means something on a GPU (scripts/gpu_bench.sh runs it).
+the check means something on a GPU (run it there by hand after scripts/gpu_setup.sh; BENCHMARKS.md).
 
     python3 scripts/gpu_async_check.py [--shape tiny|0.6b|1.7b] [--requests 12] [--root /tmp/ckpt_eos]
 """

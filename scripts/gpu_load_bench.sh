@@ -26,5 +26,5 @@ echo "== full rc=$?"; grep -E '^\||frames, .* kernels|Traceback|Error|warm-up' $
 [ "${SINGLE:-1}" = 1 ] || exit 0
 timeout ${T_VARIANT:-240} $B --cold --warmup 0 --startup-warmup single --arrival poisson --concurrency 16 --requests 40 \
   --label "load: one-request start-up warm-up (variant)" \
-  --json $OUT/load_single.json --markdown $OUT/load_single.md > $OUT/load_single.log 2>&1
-echo "== single rc=$?"; grep -E '^\||Traceback|Error|warm-up' $OUT/load_single.log | tail -12
+  --json $OUT/load_single$SUF.json --markdown $OUT/load_single$SUF.md > $OUT/load_single$SUF.log 2>&1
+echo "== single rc=$?"; grep -E '^\||Traceback|Error|warm-up' $OUT/load_single$SUF.log | tail -12

@@ -18,7 +18,7 @@ def test_busy_time_is_the_union_of_intervals_across_streams():
 def test_summary_per_frame_and_ranking():
     kernels = [Kernel("gemm", 7, i * 100, i * 100 + 60) for i in range(4)] + [
         Kernel("decode", 9, 10, 30), Kernel("decode", 9, 310, 330)]
-    summary = summarize(kernels, frames=2, top=1)
+    summary = summarize([kernels], frames=2, top=1)
     assert summary["kernels"] == 6 and summary["kernels_per_frame"] == 3.0
     assert summary["window_ms_per_frame"] == pytest.approx(0.36 / 2, abs=1e-3)     # 0..360 us
     assert summary["busy_ms_per_frame"] == pytest.approx(0.24 / 2, abs=1e-3)       # decodes overlap gemms
@@ -27,3 +27,11 @@ def test_summary_per_frame_and_ranking():
     assert summary["top"] == [{"kernel": "gemm", "ms_per_frame": 0.12, "per_frame": 2.0, "share_pct": 85.7}]
     assert "| `gemm` | 0.12 | 2.0 | 85.7% |" in markdown(summary)
     assert summarize([], frames=3) == {"frames": 3, "kernels": 0}
+
+
+def test_pauses_between_requests_and_copies_do_not_count():
+    first = [Kernel("gemm", 7, 0, 50), Kernel("Memcpy DtoH (Device -> Pinned)", 7, 50, 60)]
+    second = [Kernel("gemm", 7, 1000, 1050)]                    # 940 us of host time in between
+    summary = summarize([first, second], frames=1)
+    assert summary["window_ms_per_frame"] == pytest.approx(0.1) and summary["gpu_busy_pct"] == 100.0
+    assert summary["kernels"] == 2 and summary["copy_ms_per_frame"] == pytest.approx(0.01)

@@ -133,6 +133,9 @@ def test_schedule_warmup_and_graph_shapes_come_from_one_place():
     once = ChunkSchedule(1, 25, 2, repeats=1)            # growth from the second chunk on
     assert [once.frames(k) for k in range(8)] == [1, 2, 4, 8, 16, 25, 25, 25]
     assert once.sizes() == [1, 2, 4, 8, 16, 25] and once.frames_through_steady() == 56
+    thrice = ChunkSchedule(1, 25, 2, repeats=3)          # the warm-up must still meet every size
+    assert thrice.sizes() == [1, 2, 4, 8, 16, 25] and thrice.frames_through_steady() == 58
+    assert ChunkSchedule(1, 25, 1, repeats=3).sizes() == [1, 25]
     assert DecoderStageConfig(max_batch_size=12).graph_batch_sizes() == [1, 2, 4, 8, 12]
     # every remainder a last chunk can have is a graph too; big chunks are split so a call holds at most
     # max_batch_frames (16 x 25 by default): 64 one-frame streams in one call, 16 streams of 25 frames

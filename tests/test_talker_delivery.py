@@ -14,8 +14,12 @@ import pytest
 from tts_engine.stages.talker import frames_to_hand_out
 
 
-def _run(tokens: int, ends_on_stop: bool, lag: bool) -> list[int]:
-    """Simulate one request of `tokens` sampled tokens; returns the token index of each frame handed out."""
+def _run(tokens: int, ends_on_stop: bool, report_delay: int | None) -> list[int]:
+    """Simulate one request of `tokens` sampled tokens; returns the token index of each frame handed out.
+
+    report_delay None: synchronous scheduling (step k: hook(k-1), sample k, report k). Otherwise async: call
+    k launches step k, whose hook makes the frame of token k-1, then reports token k-1-report_delay (0: the
+    steady state; 1: a call that only refills vLLM's batch queue and reports nothing yet)."""
     pending: list[int] = []          # token index of each made, not yet handed-out frame
     handed: list[int] = []
     reported = 0
@@ -26,29 +30,42 @@ def _run(tokens: int, ends_on_stop: bool, lag: bool) -> list[int]:
         handed.extend(pending[:count])
         del pending[:count]
 
-    if not lag:                                       # sync: step k = hook(k-1), sample k, report k
+    if report_delay is None:
         for k in range(tokens):
             if k:
                 pending.append(k - 1)
             reported += 1
             deliver(finished=k == tokens - 1)
         return handed
-    # async: step() k launches step k (its hook makes the frame of token k-1), then reports token k-1
-    for k in range(1, tokens + 1):
-        last_reported = k == tokens
-        if k < tokens or ends_on_stop:                # the scheduler knows in advance when max_tokens ends it
+    for k in range(1, tokens + 1 + report_delay):
+        if k <= tokens and (k < tokens or ends_on_stop):   # the scheduler knows in advance when max_tokens ends it
             pending.append(k - 1)
-        reported += 1
-        deliver(finished=last_reported)
+        if 0 <= k - 1 - report_delay < tokens:
+            reported += 1
+            deliver(finished=reported == tokens)
     return handed
 
 
 @pytest.mark.parametrize("tokens", [1, 2, 3, 17])
 @pytest.mark.parametrize("ends_on_stop", [True, False])
-def test_sync_and_async_hand_out_the_same_frames(tokens, ends_on_stop):
+@pytest.mark.parametrize("report_delay", [0, 1])
+def test_async_hands_out_the_frames_sync_does(tokens, ends_on_stop, report_delay):
     expected = list(range(tokens - 1))               # every token's frame but the last token's
-    assert _run(tokens, ends_on_stop, lag=False) == expected
-    assert _run(tokens, ends_on_stop, lag=True) == expected
+    assert _run(tokens, ends_on_stop, report_delay=None) == expected
+    assert _run(tokens, ends_on_stop, report_delay=report_delay) == expected
+
+
+def test_the_check_would_catch_a_frame_handed_out_early():
+    """The simulation's assertion fires for a rule that ignores what was reported."""
+    import tests.test_talker_delivery as me
+
+    original = me.frames_to_hand_out
+    me.frames_to_hand_out = lambda pending, handed_out, tokens, finished: pending
+    try:
+        with pytest.raises(AssertionError, match="before its token was reported"):
+            _run(5, True, report_delay=1)
+    finally:
+        me.frames_to_hand_out = original
 
 
 def test_a_frame_waits_for_its_token_and_the_stop_frame_is_dropped():

@@ -34,7 +34,8 @@ class ChunkSchedule:
 
     The second chunk is the tight one: it must be generated and decoded while the first plays, i.e. within
     initial x 80 ms, and it takes `initial * g` talker steps. `repeats` = 2 (1, 1, 2, 4, ...) halves that
-    when steps are slow (many streams), for one more decode call per stream."""
+    when steps are slow (many streams), for one more decode call per stream. The engine's default schedule
+    is `DecoderStageConfig.schedule` (repeats 2); this type's own defaults are the plain 1, 2, 4, ..."""
 
     initial: int = 1
     size: int = 25
@@ -50,7 +51,7 @@ class ChunkSchedule:
 
     def steady_index(self) -> int:
         """Index of the first chunk from which every chunk has `frames(k) == frames(steady_index())`."""
-        k = 1
+        k = max(1, self.repeats)        # inside the repeated first chunks, equal sizes say nothing
         while self.frames(k) != self.frames(k + 1):
             k += 1
         return k
@@ -95,7 +96,8 @@ class DecoderStageConfig:
     initial_chunk_size: int = 1
     chunk_growth: int = 2                     # >1: chunks grow geometrically from the first to chunk_size
     initial_chunk_repeats: int = 2            # chunks of initial_chunk_size before the growth starts (1, 1, 2, 4, ...:
-                                              # zero underruns at 64 streams on the H200, 49 of 128 with 1)
+                                              # no underruns at 64 streams on the H200 where 1 had 49 of 128,
+                                              # one 128-request run: BENCHMARKS.md)
     decode_mode: str = "exact"                # exact (carried state) | context (the seed's left-context method)
     max_batch_size: int = 16                  # streams decoded in one call (and CUDA graphs captured up to it)
     max_batch_frames: int = 400               # streams x new frames in one call: a round of big chunks is split

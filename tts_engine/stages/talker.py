@@ -202,6 +202,7 @@ class TalkerStage:
             self._free_slots.append(state.slot)
             state.slot = -1
         state.prompt = None  # type: ignore[assignment]  # free device tensors now
+        state.pending = []   # a stop token's frame (a view of its step's batch tensor) is not handed out
         state.on_finish(error)
 
     def _take_slot(self) -> int:

@@ -170,7 +170,7 @@ class StepOutput:
     request_id: str      # the id given to add() (vLLM reports external ids)
     finished: bool
     finish_reason: str | None
-    new_tokens: int = 0  # codebook-0 tokens this step reported for the request (a stop token included)
+    new_tokens: int      # codebook-0 tokens this step reported for the request (a stop token included)
 
 
 class TalkerEngine:

@@ -325,6 +325,9 @@ async def run_arrivals(args, level: int, one: Callable[[int, float], Any], reque
     return results, time.perf_counter() - t_level
 
 
+# rows of a run that are not load levels (component timings, the kernel profile): kept out of the tables
+AUX_ROWS = ("component", "kernel profile")
+
 VARIANTS: dict[str, dict[str, Any]] = {
     # name: settings applied to a running engine (see apply_variant); each switches one optimization off
     "default": {},
@@ -335,7 +338,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "decoder-graphs-b1": {"decoder_graph_max_batch": 1},              # graphs for single streams only
     "decoder-fp32": {"tf32": False},                                   # no TF32 in the codec
     "seed-chunks": {"initial_chunk_size": 1, "chunk_growth": 1, "initial_chunk_repeats": 1},   # 1, then 25s
-    "first-chunk-4": {"initial_chunk_size": 4},
+    "first-chunk-4": {"initial_chunk_size": 4, "initial_chunk_repeats": 1},   # 4, 8, 16, 25
     "prompt-default-stream": {"prompt_stream": False},                 # prompts built on the steps' stream
     "gc-unfrozen": {"gc_frozen": False},                               # no gc.freeze() after the warm-up
     "prompt-uncached": {"prompt_cache": False},                        # every prompt embeds its constant parts
@@ -616,15 +619,15 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
                         report(row)
             finally:
                 apply_variant(engine, previous)
+        if args.breakdown and engine.device.type == "cuda":
+            for row in component_timings(engine, max(levels)):
+                report({"name": "component", "level": row["batch"], **row})
         if args.kernel_profile and engine.device.type == "cuda":
             from tts_engine.tools import kernel_profile
             summary = kernel_profile.profile_requests(
                 engine, [make_request(args, 90_000 + i, voice) for i in range(args.kernel_profile)])
             print(kernel_profile.markdown(summary), flush=True)
             report({"name": "kernel profile", "level": 1, **summary})
-        if args.breakdown and engine.device.type == "cuda":
-            for row in component_timings(engine, max(levels)):
-                report({"name": "component", "level": row["batch"], **row})
     finally:
         engine.close()
     return rows
@@ -925,7 +928,7 @@ def peer_comparison(docs: list[dict]) -> dict:
     for d in docs:
         where = "cuda" if (d.get("environment") or {}).get("gpu") else "cpu"
         rows += [{"device": where, **r} for r in d.get("results", [])
-                 if r.get("name") != "component" and r.get("level") == 1]
+                 if r.get("name") not in AUX_ROWS and r.get("level") == 1]
     ours = next((r for r in rows if r.get("name") == "ours" and r.get("variant", "default") == "default"), None)
     ratios = []
     for peer in rows:
@@ -1199,7 +1202,7 @@ def main(argv=None) -> int:
             ours = asyncio.run(bench_engine(args, folder, report))
             if ref_rows:
                 doc["ratio"] = ratio_rows(ours, ref_rows)
-    main_rows = [r for r in rows if r.get("name") != "component"]
+    main_rows = [r for r in rows if r.get("name") not in AUX_ROWS]
     table = markdown_table(main_rows)
     parts = [r for r in rows if r.get("name") == "component"]
     if parts:

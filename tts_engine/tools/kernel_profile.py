@@ -8,7 +8,8 @@ their own) take the time, per frame, so the next fusion is chosen by measurement
 
     python -m tts_engine.tools.bench --demo 1.7b --concurrency 1 --kernel-profile 3
 
-Kernels inside CUDA graphs are reported one by one (CUPTI traces graph nodes).
+Kernels inside CUDA graphs should be reported one by one (CUPTI traces graph nodes; not yet seen on the H200:
+the first run will tell).
 """
 
 from __future__ import annotations
@@ -38,14 +39,23 @@ def busy_us(kernels: list[Kernel]) -> float:
     return total
 
 
-def summarize(kernels: list[Kernel], frames: int, top: int = 15) -> dict:
-    """Per frame: wall time of the kernel window, GPU busy time, kernel count, time per CUDA stream, and the
-    `top` kernels by total time (name shortened to 120 characters)."""
+def is_copy(kernel: Kernel) -> bool:
+    """CUPTI's memory activity (host/device copies, memsets) beside the kernels."""
+    return kernel.name.startswith(("Memcpy", "Memset"))
+
+
+def summarize(requests: list[list[Kernel]], frames: int, top: int = 15) -> dict:
+    """Per frame: wall time of the requests' kernel windows (each request's own first to last kernel, so the
+    host's pauses between requests do not count as idle GPU), GPU busy time, kernel count, time per CUDA
+    stream, copies apart, and the `top` kernels by total time (name shortened to 120 characters)."""
+    kernels = [k for request in requests for k in request if not is_copy(k)]
     if not kernels:
         return {"frames": frames, "kernels": 0}
     frames = max(1, frames)
-    window = max(k.end_us for k in kernels) - min(k.start_us for k in kernels)
-    busy = busy_us(kernels)
+    spans = [[k for k in request if not is_copy(k)] for request in requests]
+    window = sum(max(k.end_us for k in ks) - min(k.start_us for k in ks) for ks in spans if ks)
+    busy = sum(busy_us(ks) for ks in spans)
+    copies = sum(k.end_us - k.start_us for request in requests for k in request if is_copy(k))
     by_stream: dict[int, float] = defaultdict(float)
     by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for k in kernels:
@@ -62,6 +72,7 @@ def summarize(kernels: list[Kernel], frames: int, top: int = 15) -> dict:
         "busy_ms_per_frame": round(busy / frames / 1000, 3),
         "kernel_ms_per_frame": round(total / frames / 1000, 3),
         "kernels_per_frame": round(len(kernels) / frames, 1),
+        "copy_ms_per_frame": round(copies / frames / 1000, 3),
         "streams": {str(s): round(t / frames / 1000, 3) for s, t in sorted(by_stream.items(), key=lambda i: -i[1])},
         "top": [{"kernel": name, "ms_per_frame": round(t / frames / 1000, 4), "per_frame": round(n / frames, 2),
                  "share_pct": round(100 * t / total, 1)} for name, (t, n) in ranked],
@@ -81,24 +92,26 @@ def kernels_of(profile) -> list[Kernel]:
 
 
 def profile_requests(engine, requests: list) -> dict:
-    """Run `requests` one after another (one stream) under the profiler; returns `summarize` of all their
-    kernels over the frames they produced. GPU only (the CPU engine has no device kernels to trace)."""
+    """Run `requests` one after another (one stream), each under its own profiler; returns `summarize` of
+    their kernels over the frames they produced. GPU only (the CPU engine has no device kernels to trace)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    frames = 0
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for request in requests:
+    frames, traced = 0, []
+    for request in requests:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
             frames += engine.synthesize(request).codes.shape[0]
-        torch.cuda.synchronize()
-    return summarize(kernels_of(prof), frames)
+            torch.cuda.synchronize()
+        traced.append(kernels_of(prof))
+    return summarize(traced, frames)
 
 
 def markdown(summary: dict) -> str:
     lines = [f"{summary['frames']} frames, {summary['kernels']} kernels ({summary.get('kernels_per_frame')} a "
              f"frame); per frame: window {summary.get('window_ms_per_frame')} ms, GPU busy "
              f"{summary.get('busy_ms_per_frame')} ms ({summary.get('gpu_busy_pct')}%), kernel time "
-             f"{summary.get('kernel_ms_per_frame')} ms; by CUDA stream: {summary.get('streams')}", "",
+             f"{summary.get('kernel_ms_per_frame')} ms, copies {summary.get('copy_ms_per_frame')} ms; by CUDA "
+             f"stream: {summary.get('streams')}", "",
              "| kernel | ms a frame | launches a frame | share of kernel time |", "|---|---|---|---|"]
     lines += [f"| `{t['kernel']}` | {t['ms_per_frame']} | {t['per_frame']} | {t['share_pct']}% |"
               for t in summary.get("top", [])]
