@@ -1,7 +1,9 @@
 """Async scheduling changes when vLLM reports a token, never which frames a request streams.
 
 Runs the same requests on an engine with vLLM's async scheduling off and on and compares every request's
-codec frames and audio bit for bit; exits 1 on any difference. Requests run one at a time (a batch's
+codec frames and audio bit for bit; then, on each engine, requests that overlap (join mid-batch, finish
+while others decode, one aborted) must stream exactly the codebook-0 tokens vLLM reported for them, all but
+the last. Exits 1 on any difference. Requests run one at a time (a batch's
 composition differs between the two modes for one step after a request stops, and bf16 GEMMs of other
 batch sizes need not round alike). The checkpoint's EOS row is made likely, so most requests end on their
 stop token at different steps (the case async scheduling makes a frame for that has to be dropped); the rest
@@ -16,7 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +49,62 @@ def eos_prone_checkpoint(root: Path, shape: str) -> Path:
     return folder
 
 
-def run(folder: Path, async_scheduling: bool, requests: int, on_gpu: bool) -> tuple[bool, list]:
+def overlapping_requests(engine, voice: dict, count: int) -> list[str]:
+    """Requests that join, finish and (one) abort while others decode: each stream's codebook-0 codes must be
+    the tokens vLLM reported for it, all but the last (the stop token, or the last one max_new_tokens allowed),
+    whatever the batch's rounding. `voice`: the request's voice fields (`speaker=...`, or `voice=` a clone
+    without reference text). Returns what did not hold. (tests/test_streaming_engine.py runs it on CPU.)"""
+    reported: dict[str, list[int]] = defaultdict(list)
+    llm = engine.talker_engine.engine
+    step = llm.step
+
+    def noting_step():
+        outputs = step()
+        for out in outputs:
+            if out.outputs:
+                reported[out.request_id].extend(out.outputs[0].token_ids)
+        return outputs
+
+    results: dict[str, np.ndarray | None] = {}
+
+    def one(i: int) -> None:
+        time.sleep(0.03 * i)                       # join a batch in flight
+        request_id = f"overlap{i}"
+        request = SpeechRequest(text=f"Overlapping request {i}.", **voice, seed=2000 + i,
+                                do_sample=i % 3 != 2, max_new_tokens=20 + 9 * i)
+        stream, codes = engine.stream(request, request_id=request_id), []
+        for n, chunk in enumerate(stream):
+            if chunk.codec_codes is not None and len(chunk.codec_codes):
+                codes.append(chunk.codec_codes)
+            if i == count // 2 and n == 2:         # a listener hangs up mid-stream: the request is aborted
+                stream.close()
+                results[request_id] = None
+                return
+        results[request_id] = np.concatenate(codes) if codes else np.zeros((0, 16), np.int64)
+
+    llm.step = noting_step
+    try:
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(300)
+    finally:
+        llm.step = step
+    problems = []
+    for request_id, codes in sorted(results.items()):
+        if codes is None:
+            continue
+        want = reported[request_id][:-1]
+        if codes[:, 0].tolist() != want:
+            problems.append(f"{request_id}: {codes.shape[0]} frames, codebook 0 {codes[:, 0].tolist()[:8]}..., "
+                            f"reported tokens but the last: {len(want)} {want[:8]}...")
+    if len(results) != count:
+        problems.append(f"only {len(results)} of {count} overlapping requests ended")
+    return problems
+
+
+def run(folder: Path, async_scheduling: bool, requests: int, on_gpu: bool) -> tuple[bool, list, list[str]]:
     config = REPO / "configs" / ("qwen3_tts.yaml" if on_gpu else "qwen3_tts_tiny_cpu.yaml")
     overrides = {"gpu_memory_utilization": 0.2} if on_gpu else {"kv_cache_gib": 0.5}
     engine = TTSEngine.from_pretrained(folder, stage_config=config, max_num_seqs=8, max_model_len=512,
@@ -59,7 +118,7 @@ def run(folder: Path, async_scheduling: bool, requests: int, on_gpu: bool) -> tu
                                     do_sample=not greedy, max_new_tokens=24 + 7 * i)
             out = engine.synthesize(request)
             results.append((out.codes, out.audio))
-        return engine.talker_engine.async_scheduling, results
+        return engine.talker_engine.async_scheduling, results, overlapping_requests(engine, {"speaker": speaker}, requests)
     finally:
         engine.close()
 
@@ -73,8 +132,8 @@ def main() -> int:
     on_gpu = torch.cuda.is_available()
     folder = eos_prone_checkpoint(Path(args.root), args.shape)
     t = time.perf_counter()
-    sync_mode, sync = run(folder, False, args.requests, on_gpu)
-    async_mode, lagged = run(folder, True, args.requests, on_gpu)
+    sync_mode, sync, sync_problems = run(folder, False, args.requests, on_gpu)
+    async_mode, lagged, async_problems = run(folder, True, args.requests, on_gpu)
     print(f"engines: sync run async_scheduling={sync_mode}, async run async_scheduling={async_mode} "
           f"({time.perf_counter() - t:.0f} s)")
     bad = 0
@@ -87,7 +146,10 @@ def main() -> int:
               f"{'same' if same else 'DIFFERENT'}")
     stopped = sum(c.shape[0] < 24 + 7 * i - 1 for i, (c, _) in enumerate(sync))
     print(f"{args.requests - bad}/{args.requests} identical; {stopped} ended on EOS")
-    return 1 if bad or not stopped else 0
+    for mode, problems in (("sync", sync_problems), ("async", async_problems)):
+        print(f"overlapping requests, {mode}: " + ("every stream's codebook 0 = its reported tokens but the last"
+                                                   if not problems else "; ".join(problems)))
+    return 1 if bad or not stopped or sync_problems or async_problems else 0
 
 
 if __name__ == "__main__":

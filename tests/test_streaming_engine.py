@@ -202,3 +202,16 @@ def test_engine_errors_are_typed_and_languages_resolve_once(engine, voices):
     named = engine.synthesize(SpeechRequest(text="Hi.", language="english", voice=voices["a_xvec"],
                                             max_new_tokens=3, **GREEDY))
     assert np.array_equal(coded.codes, named.codes)
+
+
+def test_overlapping_requests_stream_exactly_their_reported_tokens(engine, voices):
+    """Requests join a running batch, finish while others decode, one is aborted: every stream's codebook-0
+    codes are the tokens vLLM reported for it but the last (the check scripts/gpu_async_check.py makes on a
+    GPU with vLLM's async scheduling; here vLLM schedules synchronously)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gpu_async_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_async_check", path)
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    assert check.overlapping_requests(engine, {"voice": voices["a_xvec"]}, 6) == []
