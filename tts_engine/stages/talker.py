@@ -62,7 +62,6 @@ class _RequestState:
     step: int = 0                           # decode steps fed so far (= frames completed)
     pending: list[torch.Tensor] = field(default_factory=list)   # frames not yet handed out
     tokens: int = 0                         # codebook-0 tokens vLLM has reported
-    handed_out: int = 0                     # frames given to on_frames
 
 
 def frames_to_hand_out(pending: int, handed_out: int, tokens: int, finished: bool) -> int:
@@ -259,12 +258,11 @@ class TalkerStage:
                 if out.finished:
                     finished[out.request_id] = out
         for state in list(self._by_id.values()):
-            if state.pending:
-                count = frames_to_hand_out(len(state.pending), state.handed_out, state.tokens,
+            if state.pending:          # `step` frames made so far; those not pending went out already
+                count = frames_to_hand_out(len(state.pending), state.step - len(state.pending), state.tokens,
                                            state.request_id in finished)
                 ready, state.pending = state.pending[:count], state.pending[count:]
                 if ready:
-                    state.handed_out += len(ready)
                     state.on_frames(ready[0].unsqueeze(0) if len(ready) == 1 else torch.stack(ready))
         for out in finished.values():
             state = self._by_id[out.request_id]

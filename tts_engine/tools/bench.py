@@ -415,11 +415,11 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
             else:
                 gc.unfreeze()
         elif key == "decoder_batch_frames":
-            # streams x new frames per Stage 1 call; the captured graphs (powers of two) cover smaller batches
-            decoder_settings = engine.settings.decoder
-            previous[key] = getattr(engine.pipeline, "batch_frames", decoder_settings.max_batch_frames)
-            engine.pipeline.batch_frames = value
-            engine.pipeline.batch_limit = dataclasses.replace(decoder_settings, max_batch_frames=value).batch_limit
+            # streams x new frames per Stage 1 call; the captured graphs (powers of two) cover smaller batches.
+            # The pipeline's limit is a DecoderStageConfig's bound `batch_limit`: swap in one with this value.
+            limits = engine.pipeline.batch_limit.__self__
+            previous[key] = limits.max_batch_frames
+            engine.pipeline.batch_limit = dataclasses.replace(limits, max_batch_frames=value).batch_limit
         elif key in _SCHEDULE_FIELDS:
             schedule = engine.connector.schedule
             name = _SCHEDULE_FIELDS[key]
@@ -626,7 +626,6 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
             from tts_engine.tools import kernel_profile
             summary = kernel_profile.profile_requests(
                 engine, [make_request(args, 90_000 + i, voice) for i in range(args.kernel_profile)])
-            print(kernel_profile.markdown(summary), flush=True)
             report({"name": "kernel profile", "level": 1, **summary})
     finally:
         engine.close()
@@ -1208,6 +1207,10 @@ def main(argv=None) -> int:
     if parts:
         table += "\n\n" + markdown_table(parts, [("component", "component"), ("batch", "batch"),
                                                   ("frames", "frames"), ("ms", "ms")])
+    for row in rows:
+        if row.get("name") == "kernel profile":
+            from tts_engine.tools.kernel_profile import markdown as kernel_markdown
+            table += "\n\n" + kernel_markdown(row)
     if doc.get("ratio"):
         table += "\n\n" + markdown_table(doc["ratio"], [("metric", "metric"), ("first_chunk", "1st chunk"),
                                                        ("first_audible", "1st audible"), ("per_frame", "per frame"),

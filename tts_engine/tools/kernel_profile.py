@@ -48,11 +48,11 @@ def summarize(requests: list[list[Kernel]], frames: int, top: int = 15) -> dict:
     """Per frame: wall time of the requests' kernel windows (each request's own first to last kernel, so the
     host's pauses between requests do not count as idle GPU), GPU busy time, kernel count, time per CUDA
     stream, copies apart, and the `top` kernels by total time (name shortened to 120 characters)."""
-    kernels = [k for request in requests for k in request if not is_copy(k)]
+    spans = [[k for k in request if not is_copy(k)] for request in requests]
+    kernels = [k for ks in spans for k in ks]
     if not kernels:
         return {"frames": frames, "kernels": 0}
     frames = max(1, frames)
-    spans = [[k for k in request if not is_copy(k)] for request in requests]
     window = sum(max(k.end_us for k in ks) - min(k.start_us for k in ks) for ks in spans if ks)
     busy = sum(busy_us(ks) for ks in spans)
     copies = sum(k.end_us - k.start_us for request in requests for k in request if is_copy(k))
