@@ -5,7 +5,7 @@
 #     and then 2, under the same closed-loop HTTP load (`bench --url` through Serve's proxy): 64 and 128 streams.
 #  2. One engine with both stages on GPU 0 vs Stage 1 on GPU 1 (configs/qwen3_tts_split_gpus.yaml), in process,
 #     16 and 64 streams (scripts/gpu_split_bench.sh).
-# Knobs: SCALE_LEVELS (64,128), REPLICAS ("1 2"), SPLIT (1), T_READY (420).
+# Knobs: SCALE_LEVELS ("64 128"), PER_STREAM (4 requests per stream), REPLICAS ("1 2"), SPLIT (1), T_READY (420).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
@@ -32,16 +32,20 @@ applications:
 CFG
   python3 -m ray.serve.scripts run /tmp/serve_$n.yaml > $OUT/serve_$n.log 2>&1 &
   SERVE=$!; t0=$(date +%s)
-  until grep -q "Deployed app" $OUT/serve_$n.log; do
+  # ready when every replica logged its "ready:" line (after its warm-up) and the proxy answers
+  until [ "$(grep -c 'ray_app: replica .* ready:' $OUT/serve_$n.log)" -ge $n ] \
+        && python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/v1/audio/voices', timeout=3)" 2>/dev/null; do
     kill -0 $SERVE 2>/dev/null || { echo "serve run exited"; break; }
     [ $(( $(date +%s) - t0 )) -gt ${T_READY:-420} ] && { echo "not deployed in time"; break; }
     sleep 3
   done
   echo "== $n replica(s) deployed after $(( $(date +%s) - t0 )) s"; grep -E "ready:|Error|Traceback" $OUT/serve_$n.log | tail -5
-  timeout ${T_LOAD:-240} python3 -m tts_engine.tools.bench --url http://127.0.0.1:8000 --voice ryan --frames 50 \
-    --concurrency ${SCALE_LEVELS:-64,128} --label "Ray Serve, $n replica(s)" --json $OUT/serve_${n}rep.json \
-    --markdown $OUT/serve_${n}rep.md > $OUT/serve_${n}rep_bench.log 2>&1
-  echo "== bench $n rc=$?"; cat $OUT/serve_${n}rep.md 2>/dev/null
+  for level in ${SCALE_LEVELS:-64 128}; do   # one level per bench run: each stream makes PER_STREAM requests
+    timeout ${T_LOAD:-150} python3 -m tts_engine.tools.bench --url http://127.0.0.1:8000 --voice ryan --frames 50 \
+      --concurrency $level --requests $(( level * ${PER_STREAM:-4} )) --label "Ray Serve, $n replica(s)" \
+      --json $OUT/serve_${n}rep_$level.json --markdown $OUT/serve_${n}rep_$level.md > $OUT/serve_${n}rep_$level.log 2>&1
+    echo "== bench $n replica(s), $level streams rc=$?"; grep -E '^\|' $OUT/serve_${n}rep_$level.md | tail -1
+  done
   kill -INT $SERVE; wait $SERVE 2>/dev/null   # serve run shuts its application down on SIGINT
 done
 python3 -m ray.scripts.scripts stop --force > /dev/null 2>&1

@@ -275,9 +275,10 @@ class TTSReplica:
         ensure_sample_voice(engine, self.library)
         preroll_ms = options.get("preroll_ms")
         preroll_ms = preroll_ms if preroll_ms is not None else (0 if engine.device.type == "cuda" else 800)
-        defaults = ServingSettings()   # max_concurrent unset: HTTP admission follows the engine's batch
+        defaults = ServingSettings()
         settings = ServingSettings(max_input_chars=int(options.get("max_input_chars", defaults.max_input_chars)),
                                    max_sessions=options.get("max_sessions", defaults.max_sessions),
+                                   max_concurrent=options.get("max_concurrent", _serve_admission(context)),
                                    preroll_s=preroll_ms / 1000)
         lifecycle = Lifecycle()
         self.api, warning = build_agent_api(engine, self.library, settings, lifecycle)
@@ -359,6 +360,15 @@ def _resolve(path: str | os.PathLike | None) -> Path | None:
     return path if path.is_absolute() else ROOT / path
 
 
+def _serve_admission(context) -> int | None:
+    """The replica admits every synthesis request Serve lets onto it (`max_ongoing_requests`): past that,
+    Serve's router queues requests until a replica has room, which is Serve's backpressure. Admitting only
+    the engine's batch, as `app.py` does, turned half of 128 streams on one replica away with 503 while Serve
+    held them as in flight (H200, 2026-12-01); requests past the batch wait in the engine's own queue."""
+    config = getattr(context, "_deployment_config", None)   # Serve 2.55 keeps it private; None: engine's batch
+    return getattr(config, "max_ongoing_requests", None)
+
+
 def engine_max_num_seqs(config: str | os.PathLike | None) -> int:
     """Stage 0's `max_num_seqs` (= `runtime.max_batch_size`): the requests one engine steps together."""
     from tts_engine.config import engine_settings
@@ -376,11 +386,14 @@ TTSDeployment = serve.deployment(
 
 def build(args: dict[str, Any]):
     """`import_path` of configs/serve*.yaml: the application, its options from the config's `args`
-    (model, config, demo, voices, max_sessions, max_input_chars, preroll_ms).
+    (model, config, demo, voices, max_sessions, max_concurrent, max_input_chars, preroll_ms).
 
     `max_ongoing_requests` follows the engine: Stage 0's `max_num_seqs` streams plus `max_sessions` for the
-    short control calls (`say`, `interrupt`, `stats`) of the WebRTC sessions the replica holds, so those
-    never queue behind synthesis. A config's `deployments:` entry may still override it."""
+    short control calls (`say`, `interrupt`, `stats`) of the WebRTC sessions the replica holds, so with a
+    full batch of synthesis those still get in at once (under a heavier load they wait in Serve's queue with
+    the rest). The replica admits that many synthesis requests too (`_serve_admission`; `max_concurrent` in
+    args overrides), so overload queues in Serve instead of ending in 503. A config's `deployments:` entry
+    may still override it."""
     args = dict(args or {})
     config = args.get("config") or ("configs/qwen3_tts_tiny_cpu.yaml" if args.get("demo") else None)
     from tts_engine.serving.settings import ServingSettings

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import gc
@@ -1074,10 +1075,15 @@ async def bench_url(args, report: Callable[[dict], None]) -> list[dict]:
 
     async with httpx.AsyncClient(timeout=args.webrtc_timeout * 4, limits=limits) as client:
         for level in [int(x) for x in args.concurrency.split(",")]:
+            cpu0 = time.process_time()
             results, wall = await run_arrivals(args, level, lambda i, t: one(client, i, t))
-            replicas = sorted({r.replica for r in results if r.replica})
+            # near 1.0 the measuring client itself (one interpreter) is the bound, not the server
+            client_cpu_share = round((time.process_time() - cpu0) / wall, 3) if wall > 0 else None
+            served_by = collections.Counter(r.replica for r in results if r.replica)
             row = summarize("http client", level, args.arrival, results, wall, args.frames,
-                            {"variant": "url", "url": url, "replicas": replicas})
+                            {"variant": "url", "url": url, "replicas": sorted(served_by),
+                             "requests_per_replica": dict(sorted(served_by.items())),
+                             "client_cpu_share": client_cpu_share})
             _keep_details(args, row, results)
             rows.append(row)
             report(row)
