@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tts_engine.tools.kernel_profile import Kernel, busy_us, markdown, summarize
+from tts_engine.tools.kernel_profile import Kernel, busy_us, idle_gaps_us, markdown, summarize
 
 
 def test_busy_time_is_the_union_of_intervals_across_streams():
@@ -35,3 +35,18 @@ def test_pauses_between_requests_and_copies_do_not_count():
     summary = summarize([first, second], frames=1)
     assert summary["window_ms_per_frame"] == pytest.approx(0.1) and summary["gpu_busy_pct"] == 100.0
     assert summary["kernels"] == 2 and summary["copy_ms_per_frame"] == pytest.approx(0.01)
+
+
+def test_idle_gaps_are_bucketed_by_length_and_overlaps_are_not_gaps():
+    kernels = [Kernel("a", 7, 0, 10), Kernel("b", 9, 5, 20),      # overlap on two streams: no gap
+               Kernel("c", 7, 25, 30),                             # 5 us gap
+               Kernel("d", 7, 80, 90),                             # 50 us
+               Kernel("e", 7, 590, 600),                           # 500 us
+               Kernel("f", 7, 3600, 3610)]                         # 3 ms
+    gaps = idle_gaps_us(kernels)
+    assert gaps == {"under 10 us": 5, "10-100 us": 50, "0.1-1 ms": 500, "over 1 ms": 3000}
+    assert sum(gaps.values()) + busy_us(kernels) == 3610            # busy + idle = the window
+    summary = summarize([kernels], frames=2)
+    assert summary["idle_ms_per_frame_by_gap"] == {"under 10 us": 0.0025, "10-100 us": 0.025, "0.1-1 ms": 0.25,
+                                                   "over 1 ms": 1.5}
+    assert "idle per frame by gap length" in markdown(summary)

@@ -39,6 +39,24 @@ def busy_us(kernels: list[Kernel]) -> float:
     return total
 
 
+# idle gaps between busy stretches, by length: a few microseconds is one kernel handing over to the next (in a
+# CUDA graph or a tight launch queue); tens to hundreds is the host launching eagerly; longer is the host
+# busy elsewhere (scheduling, Python between steps) or waiting
+GAP_BUCKETS_US = ((0, 10, "under 10 us"), (10, 100, "10-100 us"), (100, 1000, "0.1-1 ms"), (1000, float("inf"), "over 1 ms"))
+
+
+def idle_gaps_us(kernels: list[Kernel]) -> dict[str, float]:
+    """Idle time between the busy stretches of `kernels` (first to last), summed per GAP_BUCKETS_US bucket."""
+    out = {label: 0.0 for _, _, label in GAP_BUCKETS_US}
+    end = None
+    for k in sorted(kernels, key=lambda k: k.start_us):
+        if end is not None and k.start_us > end:
+            gap = k.start_us - end
+            out[next(label for low, high, label in GAP_BUCKETS_US if low <= gap < high)] += gap
+        end = k.end_us if end is None else max(end, k.end_us)
+    return out
+
+
 def is_copy(kernel: Kernel) -> bool:
     """CUPTI's memory activity (host/device copies, memsets) beside the kernels."""
     return kernel.name.startswith(("Memcpy", "Memset"))
@@ -56,6 +74,10 @@ def summarize(requests: list[list[Kernel]], frames: int, top: int = 15) -> dict:
     window = sum(max(k.end_us for k in ks) - min(k.start_us for k in ks) for ks in spans if ks)
     busy = sum(busy_us(ks) for ks in spans)
     copies = sum(k.end_us - k.start_us for request in requests for k in request if is_copy(k))
+    gaps: dict[str, float] = defaultdict(float)
+    for ks in spans:
+        for label, us in idle_gaps_us(ks).items():
+            gaps[label] += us
     by_stream: dict[int, float] = defaultdict(float)
     by_name: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
     for k in kernels:
@@ -74,6 +96,7 @@ def summarize(requests: list[list[Kernel]], frames: int, top: int = 15) -> dict:
         "kernels_per_frame": round(len(kernels) / frames, 1),
         "copy_ms_per_frame": round(copies / frames / 1000, 3),
         "streams": {str(s): round(t / frames / 1000, 3) for s, t in sorted(by_stream.items(), key=lambda i: -i[1])},
+        "idle_ms_per_frame_by_gap": {label: round(gaps[label] / frames / 1000, 4) for _, _, label in GAP_BUCKETS_US},
         "top": [{"kernel": name, "ms_per_frame": round(t / frames / 1000, 4), "per_frame": round(n / frames, 2),
                  "share_pct": round(100 * t / total, 1)} for name, (t, n) in ranked],
     }
@@ -111,7 +134,8 @@ def markdown(summary: dict) -> str:
              f"frame); per frame: window {summary.get('window_ms_per_frame')} ms, GPU busy "
              f"{summary.get('busy_ms_per_frame')} ms ({summary.get('gpu_busy_pct')}%), kernel time "
              f"{summary.get('kernel_ms_per_frame')} ms, copies {summary.get('copy_ms_per_frame')} ms; by CUDA "
-             f"stream: {summary.get('streams')}", "",
+             f"stream: {summary.get('streams')}; idle per frame by gap length (ms): "
+             f"{summary.get('idle_ms_per_frame_by_gap')}", "",
              "| kernel | ms a frame | launches a frame | share of kernel time |", "|---|---|---|---|"]
     lines += [f"| `{t['kernel']}` | {t['ms_per_frame']} | {t['per_frame']} | {t['share_pct']}% |"
               for t in summary.get("top", [])]

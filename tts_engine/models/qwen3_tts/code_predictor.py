@@ -76,17 +76,20 @@ class CodePredictor(nn.Module):
         # One stacked reduction, in the official order, so float rounding matches the reference.
         return torch.stack(parts, dim=-2).sum(-2)
 
-    def enable_cuda_graphs(self, max_batch: int, warmup: bool = True, compile: bool | None = None) -> None:
+    def enable_cuda_graphs(self, max_batch: int, warmup: bool = True, compile: bool | None = None,
+                           compile_mode: str | None = None) -> None:
         """Capture the predictor loop as CUDA graphs for batches up to `max_batch` (CUDA only).
 
         `compile` (default: env TTS_PREDICTOR_COMPILE, on): build the sampled-variant graphs from
-        `torch.compile`d fused steps; falls back to the plain loop if compiling fails."""
+        `torch.compile`d fused steps; falls back to the plain loop if compiling fails. `compile_mode`:
+        torch.compile's mode (None: Inductor's default; scripts/gpu_microbench.py compares others)."""
         device = next(self.parameters()).device
         if device.type != "cuda":
             return
         if compile is None:
             compile = os.environ.get("TTS_PREDICTOR_COMPILE", "1") != "0"
-        self.graphs = PredictorGraphs(self, max_batch, device, next(self.parameters()).dtype, compile=compile)
+        self.graphs = PredictorGraphs(self, max_batch, device, next(self.parameters()).dtype, compile=compile,
+                                      compile_mode=compile_mode)
         if warmup:
             self.graphs.capture_all()
 
@@ -215,7 +218,7 @@ class PredictorGraphs:
     BUCKETS = (2, 4, 8, 12, 16, 24, 32, 48, 64)   # no 1: a compiled step is dynamic in batch from 2 up
 
     def __init__(self, predictor: CodePredictor, max_batch: int, device: torch.device, dtype: torch.dtype,
-                 compile: bool = True):
+                 compile: bool = True, compile_mode: str | None = None):
         self.predictor = predictor
         self.device = device
         max_batch = max(max_batch, 2)
@@ -246,7 +249,7 @@ class PredictorGraphs:
         if compile:
             try:
                 predictor._fuse_projections()
-                self.step_fn = torch.compile(predictor._fused_step, fullgraph=True)
+                self.step_fn = torch.compile(predictor._fused_step, fullgraph=True, mode=compile_mode)
             except Exception:  # pragma: no cover - depends on the local compiler toolchain
                 log.exception("code predictor: torch.compile unavailable; using the plain captured loop")
 
