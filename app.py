@@ -71,6 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-input-chars", type=int, default=defaults.max_input_chars)
     parser.add_argument("--max-sessions", type=int, default=defaults.max_sessions,
                         help="WebRTC sessions at once; default: the engine's batch (max_num_seqs, at least 8)")
+    parser.add_argument("--session-connect-timeout-s", type=float, default=defaults.session_connect_timeout_s,
+                        help="close a WebRTC session whose peer has not connected this long after its offer")
     parser.add_argument("--preroll-ms", type=int, default=None,
                         help="audio to buffer before playback starts; default 0 on GPU, 800 on CPU, where "
                              "frames come too slowly for the growing chunk schedule to stay ahead of playback")
@@ -511,6 +513,7 @@ def main(argv: list[str] | None = None) -> None:
             ensure_sample_voice(engine, library)
             preroll_ms = args.preroll_ms if args.preroll_ms is not None else (0 if engine.device.type == "cuda" else 800)
             settings = ServingSettings(max_input_chars=args.max_input_chars, max_sessions=args.max_sessions,
+                                       session_connect_timeout_s=args.session_connect_timeout_s,
                                        preroll_s=preroll_ms / 1000, drain_s=args.drain_s)
             lifecycle = Lifecycle()
             app = build_app(engine, library, settings, lifecycle, UiOptions(demo=args.demo, downloads=Path(downloads)))

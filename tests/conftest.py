@@ -51,6 +51,7 @@ REFERENCE_TEXT = "The quick brown fox jumps over the lazy dog."
 
 ROOT = Path(__file__).resolve().parents[1]
 LIVE_APP_SESSIONS = 3       # WebRTC agent sessions the live app accepts at once
+LIVE_APP_CONNECT_TIMEOUT_S = 6   # an answered session must connect within this (ICE alone gives up after ~30 s)
 
 
 def free_port() -> int:
@@ -69,7 +70,8 @@ def live_app(tmp_path_factory):
     log = open(log_path, "w")
     proc = subprocess.Popen(
         [sys.executable, "app.py", "--demo", "--port", str(port), "--voices", str(work / "voices"),
-         "--config", str(ROOT / "tests" / "configs" / "app_tiny.yaml"), "--max-sessions", str(LIVE_APP_SESSIONS)],
+         "--config", str(ROOT / "tests" / "configs" / "app_tiny.yaml"), "--max-sessions", str(LIVE_APP_SESSIONS),
+         "--session-connect-timeout-s", str(LIVE_APP_CONNECT_TIMEOUT_S)],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "GRADIO_ANALYTICS_ENABLED": "False"})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 480

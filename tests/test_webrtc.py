@@ -7,6 +7,7 @@ the received duration against what the engine synthesized, and that `interrupt` 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import httpx
@@ -194,3 +195,63 @@ def test_a_burst_of_offers_over_the_limit_gets_the_one_refusal(live_app):
     assert all(r.json().get("type") == "answer" for r in accepted), [r.text for r in accepted]
     assert 0 < len(accepted) <= LIVE_APP_SESSIONS and len(refused) >= 3
     assert all(r.status_code == 503 and r.json()["error"]["code"] == "too_many_sessions" for r in refused)
+
+
+def test_a_peer_that_never_connects_frees_its_session_slot(live_app):
+    """Peers that take an answer and never connect (gone mid-handshake) hold every slot at first; each is
+    closed once the connect timeout has passed, long before ICE would give up on it (~30 s), and its id is
+    unknown from then on."""
+    from aiortc import RTCPeerConnection
+    from aiortc.mediastreams import AudioStreamTrack
+
+    from tests.conftest import LIVE_APP_CONNECT_TIMEOUT_S, LIVE_APP_SESSIONS
+
+    async def raw_offer(client, webrtc_id: str):
+        pc = RTCPeerConnection()
+        pc.createDataChannel("text")
+        pc.addTrack(AudioStreamTrack())
+        await pc.setLocalDescription(await pc.createOffer())
+        response = await client.post(live_app + "/webrtc/offer", json={
+            "sdp": pc.localDescription.sdp, "type": "offer", "webrtc_id": webrtc_id})
+        return pc, response
+
+    async def scenario():
+        async with httpx.AsyncClient(timeout=30) as client:
+            ghosts, ids = [], [f"ghost{i}{os.getpid()}" for i in range(LIVE_APP_SESSIONS)]
+            try:
+                # sessions of the tests before may still be closing: wait for every slot to be ours
+                start = time.monotonic()
+                for webrtc_id in ids:      # the answer is never applied: these peers never connect
+                    while True:
+                        pc, r = await raw_offer(client, webrtc_id)
+                        if r.status_code != 503 or time.monotonic() - start > 60:
+                            break
+                        await pc.close()
+                        await asyncio.sleep(0.5)
+                    ghosts.append(pc)
+                    assert r.status_code == 200 and r.json().get("type") == "answer", r.text
+                print(f"\n[connect timeout] slots free after {time.monotonic() - start:.1f} s")
+                answered = time.monotonic()
+                probe, full = await raw_offer(client, "probe" + str(os.getpid()))
+                await probe.close()
+                assert full.status_code == 503, "the unconnected sessions should hold every slot at first"
+                deadline = answered + LIVE_APP_CONNECT_TIMEOUT_S + 8     # well before ICE's ~30 s
+                while True:                                # a real peer gets a slot again, and connects
+                    fresh = AgentSession(live_app)
+                    try:
+                        await fresh.open(client)
+                        break
+                    except RuntimeError as refused:        # 503 too_many_sessions
+                        assert "503" in str(refused), refused
+                    finally:
+                        await fresh.close()
+                    assert time.monotonic() < deadline, "unconnected sessions still hold the slots"
+                    await asyncio.sleep(0.5)
+                for webrtc_id in ids:
+                    r = await client.get(f"{live_app}/v1/realtime/stats/{webrtc_id}")
+                    assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_session", r.text
+            finally:
+                for pc in ghosts:
+                    await pc.close()
+
+    asyncio.run(scenario())

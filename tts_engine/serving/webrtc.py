@@ -7,6 +7,7 @@ imported lazily (it pulls Gradio in); nothing here is needed to use the engine.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from typing import Any
@@ -96,6 +97,26 @@ def make_agent_handler_class():
     return AgentSpeaker
 
 
+async def close_if_unconnected(stream, webrtc_id: str, timeout_s: float) -> None:
+    """Close an answered session whose peer has not connected within `timeout_s`. fastrtc frees a session
+    when its connection fails or closes, but a peer that leaves before ICE completes leaves it "connecting"
+    until ICE gives up, holding one of the `max_sessions` slots. fastrtc sets the session's event in
+    `connection_timeouts` once it is connected (it times its session limit from there)."""
+    connected = stream.connection_timeouts[webrtc_id]
+    try:
+        await asyncio.wait_for(connected.wait(), timeout_s)
+        return
+    except (asyncio.TimeoutError, TimeoutError):
+        pass
+    pc = stream.pcs.get(webrtc_id)
+    if pc is None:                                 # closed meanwhile
+        stream.connection_timeouts.pop(webrtc_id, None)
+        return
+    log.info("WebRTC session %s did not connect within %.0f s: closed", webrtc_id, timeout_s)
+    stream.clean_up(webrtc_id)
+    await pc.close()
+
+
 class FastrtcSessions:
     """The realtime routes' view of fastrtc's connections: webrtc_id -> SpeechSession."""
 
@@ -132,7 +153,14 @@ def build_agent_api(engine, library, settings: ServingSettings, lifecycle=None):
         if body.type == "offer" and len(stream.pcs) >= limit:
             return ApiError("too_many_sessions", f"too many concurrent sessions (limit {limit}); "
                                                  "retry shortly").response()
-        return await stream.offer(body)
+        answer = await stream.offer(body)
+        if body.type == "offer" and body.webrtc_id in stream.pcs:
+            watch = asyncio.get_running_loop().create_task(
+                close_if_unconnected(stream, body.webrtc_id, settings.session_connect_timeout_s))
+            watchers.add(watch)                    # the loop keeps only weak references to tasks
+            watch.add_done_callback(watchers.discard)
+        return answer
+    watchers: set[asyncio.Task] = set()
     offer.__annotations__["body"] = Body    # fastrtc is imported here, not at module level: give FastAPI the class
 
     # Only the route we use and document. `stream.mount(app)` would also add WS /websocket/offer (a mu-law
