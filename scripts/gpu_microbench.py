@@ -76,6 +76,7 @@ def predictor_bench(shape: str, device, dtype, batches, results: list) -> None:
             with torch.inference_mode():
                 for b, (hidden, c0, sampled, greedy) in inputs.items():
                     rows[b][label] = round(timed(lambda: predictor.predict(hidden, c0, sampled), device), 3)
+                    rows[b].update(_kernel_split(label, lambda: predictor.predict(hidden, c0, sampled)))
                     rows[b][label.replace("_ms", "_setup_s")] = setup
                     codes = predictor.predict(hidden, c0, greedy)[0]
                     rows[b][label.replace("_ms", "_greedy_equal")] = bool(torch.equal(codes, rows[b]["_greedy"]))
@@ -85,6 +86,31 @@ def predictor_bench(shape: str, device, dtype, batches, results: list) -> None:
         rows[b].pop("_greedy")
         results.append(rows[b])
         print(json.dumps(rows[b]), flush=True)
+
+
+def _kernel_split(label: str, fn, reps: int = 10) -> dict:
+    """Kernels a call, their summed time and the GPU's busy time over the call's kernel window: the
+    window minus busy is the time between kernels (graph hand-overs, launches), which no kernel fusion
+    inside a kernel shortens."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from tts_engine.tools.kernel_profile import busy_us, is_copy, kernels_of
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        torch.cuda.synchronize()
+    kernels = [k for k in kernels_of(prof) if not is_copy(k)]
+    if not kernels:
+        return {}
+    window = max(k.end_us for k in kernels) - min(k.start_us for k in kernels)
+    base = label.replace("_ms", "")
+    return {f"{base}_kernels": round(len(kernels) / reps, 1),
+            f"{base}_kernel_ms": round(sum(k.end_us - k.start_us for k in kernels) / reps / 1000, 3),
+            f"{base}_busy_ms": round(busy_us(kernels) / reps / 1000, 3),
+            f"{base}_window_ms": round(window / reps / 1000, 3)}
 
 
 def decoder_bench(shape: str, device, cases, results: list, tf32: bool) -> None:

@@ -15,6 +15,7 @@ from tts_engine.tools.bench import (
     SAMPLE_RATE,
     RequestResult,
     first_audible_sample,
+    late_chunks,
     main,
     markdown_table,
     peer_comparison,
@@ -168,3 +169,14 @@ def test_client_side_modes_against_the_live_app(live_app, tmp_path):
     (row,) = json.loads(out.read_text())["results"]
     assert row["name"] == "webrtc client" and row["errors"] == 0, row["error_messages"]
     assert 0 < row["first_chunk_ms_p50"] <= row["first_audible_ms_p50"]
+
+
+def test_late_chunks_name_the_chunk_that_missed_its_deadline():
+    sr, frame = 24000, 1920                      # 80 ms frames
+    # chunk 2 on time (before 80 ms), chunk 3 late by 40 ms (the 2 frames played out at 160 ms), chunk 4 late
+    chunks = [(0.0, frame), (0.07, frame), (0.2, 2 * frame), (0.5, 4 * frame)]
+    late = late_chunks(chunks, sr)
+    assert [i for i, _ in late] == [3, 4]
+    assert late[0][1] == pytest.approx(0.04) and late[1][1] == pytest.approx(0.5 - (0.2 + 0.16))
+    assert player_underruns(chunks, sr) == (2, pytest.approx(0.04 + 0.14))
+    assert late_chunks(chunks, sr, prebuffer_s=0.5) == []

@@ -85,6 +85,7 @@ class RequestResult:
     chunks: list[tuple[float, int]] = field(default_factory=list)   # (arrival since submit, samples)
     underruns: int = 0
     underrun_s: float = 0.0
+    late_chunk_indexes: list[int] = field(default_factory=list)   # which chunks (from 1) came after a run-dry
     error: str | None = None
     replica: str | None = None               # --url: the x-tts-replica header of the answer (Ray Serve)
 
@@ -110,25 +111,31 @@ def player_underruns(chunks: list[tuple[float, int]], sr: int = SAMPLE_RATE,
                      prebuffer_s: float = 0.0, tolerance_s: float = 0.001) -> tuple[int, float]:
     """A real-time player fed by (arrival time, samples) chunks: it starts once `prebuffer_s` of audio
     (or everything) has arrived and then plays without pause. Returns (underruns, total stall seconds)."""
+    late = late_chunks(chunks, sr, prebuffer_s, tolerance_s)
+    return len(late), sum(stall for _, stall in late)
+
+
+def late_chunks(chunks: list[tuple[float, int]], sr: int = SAMPLE_RATE, prebuffer_s: float = 0.0,
+                tolerance_s: float = 0.001) -> list[tuple[int, float]]:
+    """(index from 1, stall seconds) of each chunk that arrived after the player ran dry (`player_underruns`):
+    which chunk of the schedule misses its deadline tells which lever helps."""
     chunks = [(t, n) for t, n in chunks if n > 0]
     if not chunks:
-        return 0, 0.0
+        return []
     buffered, start = 0.0, None
     for i, (t, n) in enumerate(chunks):
         buffered += n / sr
         if buffered >= prebuffer_s or i == len(chunks) - 1:
-            start = t
-            rest = chunks[i + 1:]
+            start, first_rest = t, i + 1
             break
     end = start + buffered                      # when the buffered audio runs out
-    count, stall = 0, 0.0
-    for t, n in rest:
+    late = []
+    for index, (t, n) in enumerate(chunks[first_rest:], start=first_rest + 1):
         if t > end + tolerance_s:
-            count += 1
-            stall += t - end
+            late.append((index, t - end))
             end = t
         end += n / sr
-    return count, stall
+    return late
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -163,6 +170,8 @@ def summarize(name: str, level: int, mode: str, results: list[RequestResult], wa
         "audio_s_per_s": _round(audio / wall_s if wall_s > 0 else None, 2),
         "streams_with_underruns": sum(1 for r in ok if r.underruns), "underruns": sum(r.underruns for r in ok),
         "underrun_ms_total": ms(sum(r.underrun_s for r in ok)), "wall_s": round(wall_s, 2),
+        "underruns_by_chunk": {str(i): n for i, n in sorted(collections.Counter(
+            i for r in ok for i in r.late_chunk_indexes).items())},
         "error_messages": sorted({r.error for r in results if r.error})[:3],
     }
     if GC_PAUSES.installed:
@@ -289,7 +298,9 @@ def _listened(result: RequestResult, pieces: list[np.ndarray], prebuffer_s: floa
             if total > idx:
                 result.first_audible_s = t
                 break
-    result.underruns, result.underrun_s = player_underruns(result.chunks, prebuffer_s=prebuffer_s)
+    late = late_chunks(result.chunks, prebuffer_s=prebuffer_s)
+    result.underruns, result.underrun_s = len(late), sum(stall for _, stall in late)
+    result.late_chunk_indexes = [index for index, _ in late]
     return result
 
 
