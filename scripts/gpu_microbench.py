@@ -82,6 +82,8 @@ def predictor_bench(shape: str, device, dtype, batches, results: list) -> None:
                     rows[b][label.replace("_ms", "_greedy_equal")] = bool(torch.equal(codes, rows[b]["_greedy"]))
             if compile:
                 rows[max(batches)][label.replace("_ms", "_compiled")] = predictor.graphs.compiled
+            print(json.dumps({"shape": shape, "variant": label, "setup_s": setup,   # progress, in case of a timeout
+                              "ms_by_batch": {b: rows[b][label] for b in batches}}), flush=True)
     for b in batches:
         rows[b].pop("_greedy")
         results.append(rows[b])
