@@ -5,7 +5,8 @@
 #     and then 2, under the same closed-loop HTTP load (`bench --url` through Serve's proxy): 64 and 128 streams.
 #  2. One engine with both stages on GPU 0 vs Stage 1 on GPU 1 (configs/qwen3_tts_split_gpus.yaml), in process,
 #     16 and 64 streams (scripts/gpu_split_bench.sh).
-# Knobs: SCALE_LEVELS ("64 128"), PER_STREAM (4 requests per stream), REPLICAS ("1 2"), SPLIT (1), T_READY (420).
+# Knobs: SCALE_LEVELS ("64 128"), PER_STREAM (4 requests per stream), CLIENTS (4 client processes), REPLICAS
+# ("1 2"), SPLIT (1), T_READY (420).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
@@ -42,7 +43,8 @@ CFG
   echo "== $n replica(s) deployed after $(( $(date +%s) - t0 )) s"; grep -E "ready:|Error|Traceback" $OUT/serve_$n.log | tail -5
   for level in ${SCALE_LEVELS:-64 128}; do   # one level per bench run: each stream makes PER_STREAM requests
     timeout ${T_LOAD:-150} python3 -m tts_engine.tools.bench --url http://127.0.0.1:8000 --voice ryan --frames 50 \
-      --concurrency $level --requests $(( level * ${PER_STREAM:-4} )) --label "Ray Serve, $n replica(s)" \
+      --concurrency $level --requests $(( level * ${PER_STREAM:-4} )) --client-processes ${CLIENTS:-4} \
+      --label "Ray Serve, $n replica(s)" \
       --json $OUT/serve_${n}rep_$level.json --markdown $OUT/serve_${n}rep_$level.md > $OUT/serve_${n}rep_$level.log 2>&1
     echo "== bench $n replica(s), $level streams rc=$?"; grep -E '^\|' $OUT/serve_${n}rep_$level.md | tail -1
   done

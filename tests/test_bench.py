@@ -20,6 +20,7 @@ from tts_engine.tools.bench import (
     markdown_table,
     peer_comparison,
     player_underruns,
+    split_evenly,
     summarize,
 )
 
@@ -91,6 +92,17 @@ def test_url_mode_measures_a_running_server(live_app, tmp_path):
         assert row[key] is not None and row[key] > 0, key
     for request in row["requests_detail"]:
         assert 0 < request["audio_s"] <= 10 * 0.08 + 1e-6 and request["chunks"]
+
+
+def test_url_mode_shares_a_level_among_client_processes(live_app, tmp_path):
+    out = tmp_path / "url.json"
+    assert main(["--url", live_app, "--voice", "sample", "--concurrency", "2", "--frames", "6", "--requests", "3",
+                 "--client-processes", "2", "--keep-requests", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["results"]
+    assert row["client_processes"] == 2 and row["requests"] == 3 and row["errors"] == 0, row
+    assert 0 < row["client_cpu_share"] and row["audio_s_per_s"] > 0
+    assert len({r["request_id"] for r in row["requests_detail"]}) == 3
+    assert split_evenly(5, 2) == [3, 2] and split_evenly(2, 3) == [1, 1, 0]
 
 
 def _doc(gpu: bool, *rows: dict) -> dict:

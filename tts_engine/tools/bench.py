@@ -1038,66 +1038,109 @@ async def bench_webrtc(args, report: Callable[[dict], None]) -> list[dict]:
 
 
 # ---- a running server over HTTP (client side) -------------------------------------------------------
+async def _url_request(client, args, url: str, i: int, t_level: float) -> RequestResult:
+    """One streaming `POST /v1/audio/speech` (raw PCM), timed where the bytes arrive."""
+    result = RequestResult(request_id="", submitted_s=time.perf_counter() - t_level)
+    body: dict[str, Any] = {"input": TEXTS[i % len(TEXTS)], "language": "english", "response_format": "pcm",
+                            "stream": True, "max_new_tokens": args.frames + 1,
+                            "trim_leading_silence": not args.no_trim}
+    if args.voice:
+        body["voice"] = args.voice
+    if args.instruct:
+        body["instructions"] = args.instruct
+    pieces, carry = [], b""
+    t0 = time.perf_counter()
+    try:
+        async with client.stream("POST", url + "/v1/audio/speech", json=body) as r:
+            if r.status_code != 200:
+                result.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                return result
+            result.request_id = r.headers.get("x-request-id", "")
+            result.replica = r.headers.get("x-tts-replica")
+            async for part in r.aiter_raw():
+                now = time.perf_counter() - t0
+                data = carry + part
+                usable = len(data) - len(data) % 2
+                carry = data[usable:]
+                if not usable:
+                    continue
+                pcm = np.frombuffer(data[:usable], "<i2").astype(np.float32) / 32768
+                if result.first_chunk_s is None:
+                    result.first_chunk_s = now
+                pieces.append(pcm)
+                result.chunks.append((now, int(pcm.size)))
+        result.finished_s = time.perf_counter() - t0
+        result.frames = int(sum(p.size for p in pieces) / 1920)
+    except Exception as exc:  # a failed request is counted, not fatal
+        result.error = f"{type(exc).__name__}: {exc}"
+        return result
+    return _listened(result, pieces, args.prebuffer_ms / 1000)
+
+
+async def _url_level(args, url: str, level: int, requests: int, index0: int = 0
+                     ) -> tuple[list[RequestResult], float, float]:
+    """`level` clients of this process making `requests` requests: (results, wall s, CPU s of this process)."""
+    import httpx
+
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(timeout=args.webrtc_timeout * 4, limits=limits) as client:
+        cpu0 = time.process_time()
+        results, wall = await run_arrivals(args, level, lambda i, t: _url_request(client, args, url, index0 + i, t),
+                                           requests)
+        return results, wall, time.process_time() - cpu0
+
+
+def _url_level_in_process(args, url: str, level: int, requests: int, index0: int, start):
+    """A client process's share of a level (run by ProcessPoolExecutor); `start` (a shared barrier) lets the
+    processes, started one by one, begin together."""
+    start.wait(timeout=120)
+    return asyncio.run(_url_level(args, url, level, requests, index0))
+
+
+def split_evenly(total: int, parts: int) -> list[int]:
+    """`total` as `parts` integers differing by at most one (largest first)."""
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
 async def bench_url(args, report: Callable[[dict], None]) -> list[dict]:
     """Many concurrent clients of `POST /v1/audio/speech` (raw PCM streaming) against a running app or
-    Ray Serve deployment: the same metrics as in process, measured where the bytes arrive."""
-    import httpx
+    Ray Serve deployment: the same metrics as in process, measured where the bytes arrive. With
+    `--client-processes N` each level is shared by N client processes (one interpreter parsing every
+    stream can become the bound before two replicas do); `client_cpu_share` near 1 says a client was."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
     url = args.url.rstrip("/")
     rows = []
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-
-    async def one(client, i: int, t_level: float) -> RequestResult:
-        result = RequestResult(request_id="", submitted_s=time.perf_counter() - t_level)
-        body: dict[str, Any] = {"input": TEXTS[i % len(TEXTS)], "language": "english", "response_format": "pcm",
-                                "stream": True, "max_new_tokens": args.frames + 1,
-                                "trim_leading_silence": not args.no_trim}
-        if args.voice:
-            body["voice"] = args.voice
-        if args.instruct:
-            body["instructions"] = args.instruct
-        pieces, carry = [], b""
-        t0 = time.perf_counter()
-        try:
-            async with client.stream("POST", url + "/v1/audio/speech", json=body) as r:
-                if r.status_code != 200:
-                    result.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
-                    return result
-                result.request_id = r.headers.get("x-request-id", "")
-                result.replica = r.headers.get("x-tts-replica")
-                async for part in r.aiter_raw():
-                    now = time.perf_counter() - t0
-                    data = carry + part
-                    usable = len(data) - len(data) % 2
-                    carry = data[usable:]
-                    if not usable:
-                        continue
-                    pcm = np.frombuffer(data[:usable], "<i2").astype(np.float32) / 32768
-                    if result.first_chunk_s is None:
-                        result.first_chunk_s = now
-                    pieces.append(pcm)
-                    result.chunks.append((now, int(pcm.size)))
-            result.finished_s = time.perf_counter() - t0
-            result.frames = int(sum(p.size for p in pieces) / 1920)
-        except Exception as exc:  # a failed request is counted, not fatal
-            result.error = f"{type(exc).__name__}: {exc}"
-            return result
-        return _listened(result, pieces, args.prebuffer_ms / 1000)
-
-    async with httpx.AsyncClient(timeout=args.webrtc_timeout * 4, limits=limits) as client:
-        for level in [int(x) for x in args.concurrency.split(",")]:
-            cpu0 = time.process_time()
-            results, wall = await run_arrivals(args, level, lambda i, t: one(client, i, t))
-            # near 1.0 the measuring client itself (one interpreter) is the bound, not the server
-            client_cpu_share = round((time.process_time() - cpu0) / wall, 3) if wall > 0 else None
-            served_by = collections.Counter(r.replica for r in results if r.replica)
-            row = summarize("http client", level, args.arrival, results, wall, args.frames,
-                            {"variant": "url", "url": url, "replicas": sorted(served_by),
-                             "requests_per_replica": dict(sorted(served_by.items())),
-                             "client_cpu_share": client_cpu_share})
-            _keep_details(args, row, results)
-            rows.append(row)
-            report(row)
+    for level in [int(x) for x in args.concurrency.split(",")]:
+        n = args.requests or max(2 * level, 4)
+        processes = max(1, min(args.client_processes, level, n))
+        if processes == 1:
+            results, wall, cpu = await _url_level(args, url, level, n)
+            client_cpu_share = cpu / wall if wall > 0 else None
+        else:
+            shares, counts = split_evenly(level, processes), split_evenly(n, processes)
+            offsets = [sum(counts[:i]) for i in range(processes)]
+            loop = asyncio.get_running_loop()
+            context = multiprocessing.get_context("spawn")
+            with context.Manager() as manager, ProcessPoolExecutor(processes, mp_context=context) as pool:
+                start = manager.Barrier(processes)
+                parts = await asyncio.gather(*(
+                    loop.run_in_executor(pool, _url_level_in_process, args, url, share, count, offset, start)
+                    for share, count, offset in zip(shares, counts, offsets)))
+            results = [r for part_results, _, _ in parts for r in part_results]
+            wall = max(part_wall for _, part_wall, _ in parts)
+            client_cpu_share = max(cpu / part_wall for _, part_wall, cpu in parts if part_wall > 0)
+        served_by = collections.Counter(r.replica for r in results if r.replica)
+        row = summarize("http client", level, args.arrival, results, wall, args.frames,
+                        {"variant": "url", "url": url, "replicas": sorted(served_by),
+                         "requests_per_replica": dict(sorted(served_by.items())),
+                         "client_processes": processes,
+                         # the busiest client process's CPU time over the level: near 1.0 the client was the bound
+                         "client_cpu_share": _round(client_cpu_share, 3)})
+        _keep_details(args, row, results)
+        rows.append(row)
+        report(row)
     return rows
 
 
@@ -1157,6 +1200,8 @@ def parse_args(argv=None):
     ref.add_argument("--url", metavar="URL", help="measure client-side over HTTP streaming against a running "
                      "app or Ray Serve deployment (many concurrent /v1/audio/speech clients)")
     ref.add_argument("--voice", default="sample", help="voice for --webrtc and --url (CustomVoice: a speaker)")
+    ref.add_argument("--client-processes", type=int, default=1,
+                     help="--url: share each level among this many client processes")
     ref.add_argument("--webrtc-timeout", type=float, default=60.0)
     out = ap.add_argument_group("output")
     out.add_argument("--json", help="write all results here")
