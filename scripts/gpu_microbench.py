@@ -66,9 +66,13 @@ def predictor_bench(shape: str, device, dtype, batches, results: list) -> None:
     if device.type == "cuda":
         # Inductor's default vs autotuned kernels (Triton GEMM templates tried against cuBLAS for these
         # small-M shapes, whose cuBLAS kernels were 52% of a frame's GPU time, BENCHMARKS "fourth pass")
-        for label, compile, mode in (("graph_ms", False, None), ("compiled_graph_ms", True, None),
-                                     ("autotuned_graph_ms", True, "max-autotune-no-cudagraphs")):
+        # and SDPA vs products-and-sums attention over the 16-slot cache (`slot_attention`)
+        for label, compile, mode, slots in (("graph_ms", False, None, False),
+                                            ("compiled_graph_ms", True, None, False),
+                                            ("compiled_slot_attention_graph_ms", True, None, True),
+                                            ("autotuned_graph_ms", True, "max-autotune-no-cudagraphs", False)):
             torch._dynamo.reset()
+            predictor.slot_attention = slots
             t = time.perf_counter()
             predictor.enable_cuda_graphs(max(batches), warmup=True, compile=compile, compile_mode=mode)
             torch.cuda.synchronize()

@@ -61,6 +61,9 @@ class CodePredictor(nn.Module):
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self.graphs: PredictorGraphs | None = None
         self.use_graphs = True               # a switch for benchmarks (graphs captured stay valid)
+        # the compiled step's attention as plain products and sums (`slot_attention`) instead of SDPA; off
+        # until measured on the GPU (scripts/gpu_microbench.py compares both)
+        self.slot_attention = False
 
     def _rope_tables(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         if self._rope is None or self._rope[0].device != device or self._rope[0].dtype != dtype:
@@ -133,8 +136,11 @@ class CodePredictor(nn.Module):
             k = apply_rope(attn.k_norm(k.reshape(b, n, -1, d)).transpose(1, 2), cos_n, sin_n)
             keys.index_copy_(2, positions, k)
             values.index_copy_(2, positions, v.reshape(b, n, -1, d).transpose(1, 2))
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                                 enable_gqa=self.shape.num_heads != self.shape.num_kv_heads)
+            if self.slot_attention:
+                out = slot_attention(q, keys, values, mask)
+            else:
+                out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                                     enable_gqa=self.shape.num_heads != self.shape.num_kv_heads)
             x = x + attn.o_proj(out.transpose(1, 2).reshape(b, n, -1))
             gate, up = F.linear(layer.post_attention_layernorm(x), mlp.gate_up_weight).chunk(2, dim=-1)
             x = x + mlp.down_proj(F.silu(gate) * up)
@@ -205,6 +211,23 @@ class CodePredictor(nn.Module):
             start += n
             x = self.small_to_mtp_projection(code_embed).unsqueeze(1)
         return codes, torch.stack(embeds, dim=1).sum(1)
+
+
+def slot_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """SDPA over the predictor's 16-slot cache written as products and sums, for Inductor to fuse.
+
+    q [B, H, n, d], keys/values [B, KV, S, d] (grouped-query: head i reads kv head i // (H / KV)), mask
+    [n, S] (True: attend) -> [B, H, n, d]. With n <= 2 and S = 16 there is nothing for a matrix unit to do:
+    Inductor's SDPA decomposition makes each of the 75 layer-steps of a frame a K/V expansion, two fp32
+    cuBLAS GEMVs and a softmax (~5 kernels, BENCHMARKS "fourth pass"); as reductions they can fuse into
+    two or three. Accumulates in fp32 like that decomposition."""
+    b, h, n, d = q.shape
+    kv = keys.shape[1]
+    grouped = q.reshape(b, kv, h // kv, n, 1, d).float()
+    scores = (grouped * keys[:, :, None, None].float()).sum(-1) * d ** -0.5          # [B, KV, G, n, S]
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+    out = (probs.unsqueeze(-1) * values[:, :, None, None].float()).sum(-2)           # [B, KV, G, n, d]
+    return out.to(q.dtype).reshape(b, h, n, d)
 
 
 class PredictorGraphs:
