@@ -27,7 +27,7 @@ from torch import nn
 from tts_engine.models.qwen3_tts.config import TalkerConfig
 from tts_engine.models.qwen3_tts.graph_capture import capture_on_device
 from tts_engine.models.qwen3_tts.layers import DecoderLayer, RMSNorm, apply_rope, rope_tables
-from tts_engine.models.qwen3_tts.sampling import BatchSampling, draw_noise, sample, sample_rows
+from tts_engine.models.qwen3_tts.sampling import TOP_K_CAP, BatchSampling, draw_noise, sample, sample_rows
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,8 @@ class CodePredictor(nn.Module):
     def _fused_step(self, x: torch.Tensor, positions: torch.Tensor, key_cache: list[torch.Tensor],
                     value_cache: list[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, do_sample: torch.Tensor,
                     temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, noise: torch.Tensor,
-                    lm_weight: torch.Tensor, embed_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    lm_weight: torch.Tensor, embed_weight: torch.Tensor, top_k_cap: int | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One predictor step for x [B, n, Hc] at `positions` [n] (the first step: n=2, positions 0,1).
 
         Writes the step's keys/values into the [B, kv, 16, d] caches and attends over all 16 slots
@@ -145,7 +146,7 @@ class CodePredictor(nn.Module):
             gate, up = F.linear(layer.post_attention_layernorm(x), mlp.gate_up_weight).chunk(2, dim=-1)
             x = x + mlp.down_proj(F.silu(gate) * up)
         logits = F.linear(self.model.norm(x[:, -1]), lm_weight)
-        code = sample_rows(logits, do_sample, temperature, top_k, top_p, noise, True, False)
+        code = sample_rows(logits, do_sample, temperature, top_k, top_p, noise, True, False, top_k_cap)
         code_embed = F.embedding(code, embed_weight)
         return code, code_embed, self.small_to_mtp_projection(code_embed).unsqueeze(1)
 
@@ -168,7 +169,8 @@ class CodePredictor(nn.Module):
                 torch._dynamo.maybe_mark_dynamic(t, 0)
             code, code_embed, x = step_fn(x, positions[step], key_cache, value_cache, cos, sin, params.do_sample,
                                           params.temperature, params.top_k, params.top_p, step_noise,
-                                          self.lm_head[step].weight, self.model.codec_embedding[step].weight)
+                                          self.lm_head[step].weight, self.model.codec_embedding[step].weight,
+                                          params.top_k_cap)
             codes.append(code)
             embeds.append(code_embed)
         return torch.stack(codes, dim=1), torch.stack(embeds, dim=1).sum(1)
@@ -266,7 +268,8 @@ class PredictorGraphs:
             self.positions = [torch.arange(2, device=device)] + [
                 torch.tensor([s + 1], device=device) for s in range(1, steps)]
         self.pool = torch.cuda.graph_pool_handle()
-        self._graphs: dict[tuple[int, bool, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        # (bucket, any_sample, any_top_p, top_k_cap) -> (graph, codes out, embedding out)
+        self._graphs: dict[tuple[int, bool, bool, int | None], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.step_fn = None
         self.compiled = False
         if compile:
@@ -276,13 +279,14 @@ class PredictorGraphs:
             except Exception:  # pragma: no cover - depends on the local compiler toolchain
                 log.exception("code predictor: torch.compile unavailable; using the plain captured loop")
 
-    def _params(self, b: int, any_sample: bool, any_top_p: bool) -> BatchSampling:
+    def _params(self, b: int, any_sample: bool, any_top_p: bool, top_k_cap: int | None) -> BatchSampling:
         return BatchSampling(do_sample=self.do_sample[:b], temperature=self.temperature[:b], top_k=self.top_k[:b],
-                             top_p=self.top_p[:b], generators=[None] * b, any_sample=any_sample, any_top_p=any_top_p)
+                             top_p=self.top_p[:b], generators=[None] * b, any_sample=any_sample, any_top_p=any_top_p,
+                             top_k_cap=top_k_cap)
 
     @torch.inference_mode()
-    def capture(self, b: int, any_sample: bool, any_top_p: bool) -> None:
-        params = self._params(b, any_sample, any_top_p)
+    def capture(self, b: int, any_sample: bool, any_top_p: bool, top_k_cap: int | None = None) -> None:
+        params = self._params(b, any_sample, any_top_p, top_k_cap)
         args = (self.hidden[:b], self.c0_embed[:b], params, self.noise[:b])
         fused = self.step_fn is not None and any_sample and not any_top_p
         if fused:
@@ -298,9 +302,9 @@ class PredictorGraphs:
                 raise
             log.exception("code predictor: compiled step failed for batch %d; using the plain captured loop", b)
             self.step_fn = None
-            return self.capture(b, any_sample, any_top_p)
+            return self.capture(b, any_sample, any_top_p, top_k_cap)
         self.compiled = self.compiled or fused
-        self._graphs[(b, any_sample, any_top_p)] = (graph, codes, embed)
+        self._graphs[(b, any_sample, any_top_p, top_k_cap)] = (graph, codes, embed)
 
     def _capture(self, run):
         try:
@@ -311,11 +315,12 @@ class PredictorGraphs:
         return graph, codes, embed
 
     def capture_all(self) -> None:
-        """The variants every engine meets: greedy and sampled (top-p off), every bucket, largest
-        first so smaller graphs reuse the pool's blocks."""
+        """The variants every engine meets: greedy, and sampled (top-p off) with the usual small top-k
+        (found by `topk`) and with any other (a full sort), every bucket, largest first so smaller graphs
+        reuse the pool's blocks."""
         for b in reversed(self.buckets):
-            for any_sample in (True, False):
-                self.capture(b, any_sample, False)
+            for any_sample, top_k_cap in ((True, TOP_K_CAP), (True, None), (False, None)):
+                self.capture(b, any_sample, False, top_k_cap)
 
     def bucket(self, batch: int) -> int:
         return next(b for b in self.buckets if b >= batch)
@@ -324,7 +329,7 @@ class PredictorGraphs:
             params: BatchSampling) -> tuple[torch.Tensor, torch.Tensor]:
         batch = hidden.shape[0]
         b = self.bucket(batch)
-        key = (b, params.any_sample, params.any_top_p)
+        key = (b, params.any_sample, params.any_top_p, params.top_k_cap if params.any_sample else None)
         if key not in self._graphs:
             self.capture(*key)
         graph, codes, embed = self._graphs[key]
