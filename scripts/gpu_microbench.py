@@ -44,7 +44,10 @@ def timed(fn, device, reps: int = 20, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-def predictor_bench(shape: str, device, dtype, batches, results: list) -> None:
+PREDICTOR_VARIANTS = ("graph", "compiled", "compiled_sorted_top_k", "compiled_slot_attention", "autotuned")
+
+
+def predictor_bench(shape: str, device, dtype, batches, results: list, variants=PREDICTOR_VARIANTS) -> None:
     cfg = full_config("custom_voice", shape) if shape != "tiny" else demo_config("custom_voice", "0b6")
     talker = _read_talker(_Reader(cfg["talker_config"], Path("talker_config")))
     torch.manual_seed(0)
@@ -75,6 +78,8 @@ def predictor_bench(shape: str, device, dtype, batches, results: list) -> None:
                 ("compiled_sorted_top_k_graph_ms", True, None, False, False),
                 ("compiled_slot_attention_graph_ms", True, None, True, True),
                 ("autotuned_graph_ms", True, "max-autotune-no-cudagraphs", False, True)):
+            if label.removesuffix("_graph_ms").removesuffix("_ms") not in variants:
+                continue
             torch._dynamo.reset()
             predictor.slot_attention = slots
             t = time.perf_counter()
@@ -175,13 +180,17 @@ def main() -> None:
     ap.add_argument("--out", default="micro.json")
     ap.add_argument("--skip-decoder", action="store_true")
     ap.add_argument("--shapes", default="0.6b,1.7b", help="predictor shapes on the GPU")
+    ap.add_argument("--batches", default="1,4,16,64", help="predictor batch sizes on the GPU")
+    ap.add_argument("--predictor-variants", default=",".join(PREDICTOR_VARIANTS),
+                    help=f"which of {', '.join(PREDICTOR_VARIANTS)}")
     args = ap.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     results: list = []
     if device.type == "cuda":
         print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+        batches = tuple(int(b) for b in args.batches.split(","))
         for shape in args.shapes.split(","):
-            predictor_bench(shape, device, torch.bfloat16, (1, 4, 16, 64), results)
+            predictor_bench(shape, device, torch.bfloat16, batches, results, args.predictor_variants.split(","))
         if not args.skip_decoder:
             cases = [(1, 1), (1, 4), (1, 25), (16, 1), (16, 25), (64, 25)]
             decoder_bench("full", device, cases, results, True)
