@@ -1,12 +1,10 @@
 #!/usr/bin/env bash
-# Issue "real time under load": where a frame's time goes, in one device call (one H200; needs /tmp/site from
-# scripts/gpu_setup.sh). 1. The code predictor alone (scripts/gpu_microbench.py, 1.7B shapes): plain graphs,
-# compiled, compiled with the top-k by a full sort (the old way), compiled with slot attention, autotuned;
+# Issue "real time under load": where a frame's time goes (one H200; needs /tmp/site from scripts/gpu_setup.sh).
+# 1. The code predictor alone (scripts/gpu_microbench.py, 1.7B shapes): plain graphs, compiled, autotuned;
 # wall ms, kernels, kernel and busy time per call. 2. The engine (scripts/gpu_load_bench.sh): a Poisson level
 # and closed 64 (underruns by chunk index), the breakdown and the kernel profile (idle time by gap length).
 # Knobs: MICRO / LOAD (1: run that part; each fits one 10-minute call), BATCHES (1,16,64), PREDICTOR_VARIANTS
-# (all), T_MICRO (300), and gpu_load_bench.sh's (defaults here: CONCURRENCY 20,1, CLOSED 64, VARIANTS
-# default,sorted-top-k at VARIANT_LEVELS 1).
+# (all), T_MICRO (300), and gpu_load_bench.sh's (defaults here: CONCURRENCY 20,1, CLOSED 64).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
@@ -17,7 +15,7 @@ OUT=${OUT:-/tmp/bench_out}; mkdir -p "$OUT"
 echo "== microbench rc=$?"; grep -E '^\{' $OUT/predictor_micro.log | grep -E '"variant"|"what"' | cut -c1-600; }
 [ "${LOAD:-1}" = 1 ] || exit 0
 KERNEL_PROFILE=${KERNEL_PROFILE:-3} SINGLE=0 CLOSED=${CLOSED:-64} CONCURRENCY=${CONCURRENCY:-20,1} \
-  VARIANTS=${VARIANTS:-default,sorted-top-k} VARIANT_LEVELS=${VARIANT_LEVELS:-1} T_MAIN=${T_MAIN:-300} \
+  VARIANTS=${VARIANTS:-default} VARIANT_LEVELS=${VARIANT_LEVELS:-1} T_MAIN=${T_MAIN:-300} \
   bash scripts/gpu_load_bench.sh
 python3 -c "
 import json; d = json.load(open('$OUT/load_full.json'))

@@ -43,60 +43,6 @@ def test_fused_predictor_step_matches_eager(size):
     assert torch.allclose(fused_embed, embed, atol=1e-5)
 
 
-def test_top_k_by_topk_draws_what_the_full_sort_draws():
-    """With every sampling row's k <= TOP_K_CAP the k-th score comes from `topk` instead of a sort: the same
-    threshold, so the same draws, ties included (scores on a coarse grid); other rows use the sort."""
-    from tts_engine.models.qwen3_tts.sampling import TOP_K_CAP, sample, sample_rows
-
-    torch.manual_seed(0)
-    rows = [RowSampling(True, 0.9, 50, 1.0), RowSampling(True, 0.7, 1, 1.0), RowSampling(True, 1.0, TOP_K_CAP, 0.8),
-            RowSampling(False, top_k=0)]
-    params = BatchSampling.stack(rows, torch.device("cpu"))
-    assert params.top_k_cap == TOP_K_CAP
-    for _ in range(20):
-        logits = torch.randint(-40, 40, (4, 2048)).float() / 8           # many equal scores
-        noise = draw_noise((4, 2048), params.generators, torch.device("cpu"))
-        capped = sample(logits, params, noise)
-        sorted_ = sample_rows(logits, params.do_sample, params.temperature, params.top_k, params.top_p, noise,
-                              True, True, None)
-        assert torch.equal(capped, sorted_)
-    for k in (0, TOP_K_CAP + 1):      # "all" or a large k: no cap, the sort
-        assert BatchSampling.stack([RowSampling(True, 0.9, k, 1.0)], torch.device("cpu")).top_k_cap is None
-    assert BatchSampling.stack([RowSampling(False, top_k=0)] * 2, torch.device("cpu")).top_k_cap == TOP_K_CAP
-
-
-def test_slot_attention_is_sdpa_over_the_cache():
-    """The products-and-sums attention (a GPU variant of the compiled step) equals SDPA with grouped-query
-    heads and the position mask, for the first step (2 queries) and a later one."""
-    from tts_engine.models.qwen3_tts.code_predictor import slot_attention
-
-    torch.manual_seed(0)
-    b, h, kv, slots, d = 3, 8, 4, 16, 32
-    keys, values = torch.randn(b, kv, slots, d), torch.randn(b, kv, slots, d)
-    for positions in (torch.arange(2), torch.tensor([7])):
-        q = torch.randn(b, h, positions.numel(), d)
-        mask = torch.arange(slots)[None, :] <= positions[:, None]
-        expected = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
-        assert torch.allclose(slot_attention(q, keys, values, mask), expected, atol=1e-5)
-
-
-@pytest.mark.parametrize("size", ["0b6", "1b7"])
-def test_fused_step_with_slot_attention_matches_eager(size):
-    talker = _read_talker(_Reader(demo_config("custom_voice", size)["talker_config"], Path("talker_config")))
-    torch.manual_seed(0)
-    predictor = CodePredictor(talker).eval().requires_grad_(False)
-    hidden, c0 = torch.randn(2, talker.shape.hidden_size), torch.randn(2, talker.shape.hidden_size)
-    params = BatchSampling.stack([RowSampling(True, 0.9, 50, 1.0), RowSampling(False)], torch.device("cpu"))
-    noise = draw_noise((2, 15, talker.codebook_size), params.generators, torch.device("cpu"))
-    with torch.inference_mode():
-        codes, _ = predictor.predict_eager(hidden, c0, params, noise)
-        predictor._fuse_projections()
-        predictor.slot_attention = True
-        positions = [torch.arange(2)] + [torch.tensor([s + 1]) for s in range(1, 15)]
-        fused, _ = predictor.predict_fused(predictor._fused_step, hidden, c0, params, noise, positions)
-    assert torch.equal(fused, codes)
-
-
 def test_decoder_graph_buffers_match_full_decode():
     torch.manual_seed(0)
     decoder = Code2WavDecoder(Code2WavConfig.from_dict(_decoder_config()))

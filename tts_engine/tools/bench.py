@@ -355,7 +355,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "gc-unfrozen": {"gc_frozen": False},                               # no gc.freeze() after the warm-up
     "prompt-uncached": {"prompt_cache": False},                        # every prompt embeds its constant parts
     "first-chunk-once": {"initial_chunk_repeats": 1},                  # 1, 2, 4, ...: chunk 2 takes twice the steps
-    "sorted-top-k": {"top_k_cap": 0},                                  # the predictor's top-k by a full sort
     # a candidate (switched on): shorter Stage 1 calls (4 x 25 frames, not 16 x 25)
     "decoder-calls-100-frames": {"decoder_batch_frames": 100},
 }
@@ -394,10 +393,6 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
                 predictor.graphs = plain
             elif value and getattr(predictor, "_fused_graphs", None) is not None:
                 predictor.graphs = predictor._fused_graphs
-        elif key == "top_k_cap":
-            from tts_engine.models.qwen3_tts import sampling
-            previous[key] = sampling.TOP_K_CAP
-            sampling.TOP_K_CAP = value   # read by BatchSampling.stack; 0: no row qualifies, the sort is used
         elif key == "host_syncs":
             previous[key] = "decode_embeddings" in vars(engine.talker)
             _host_syncs(engine.talker, value)

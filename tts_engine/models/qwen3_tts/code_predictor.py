@@ -27,7 +27,7 @@ from torch import nn
 from tts_engine.models.qwen3_tts.config import TalkerConfig
 from tts_engine.models.qwen3_tts.graph_capture import capture_on_device
 from tts_engine.models.qwen3_tts.layers import DecoderLayer, RMSNorm, apply_rope, rope_tables
-from tts_engine.models.qwen3_tts.sampling import TOP_K_CAP, BatchSampling, draw_noise, sample, sample_rows
+from tts_engine.models.qwen3_tts.sampling import BatchSampling, draw_noise, sample, sample_rows
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +61,6 @@ class CodePredictor(nn.Module):
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self.graphs: PredictorGraphs | None = None
         self.use_graphs = True               # a switch for benchmarks (graphs captured stay valid)
-        # the compiled step's attention as plain products and sums (`slot_attention`) instead of SDPA; off
-        # until measured on the GPU (scripts/gpu_microbench.py compares both)
-        self.slot_attention = False
 
     def _rope_tables(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         if self._rope is None or self._rope[0].device != device or self._rope[0].dtype != dtype:
@@ -116,8 +113,7 @@ class CodePredictor(nn.Module):
     def _fused_step(self, x: torch.Tensor, positions: torch.Tensor, key_cache: list[torch.Tensor],
                     value_cache: list[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, do_sample: torch.Tensor,
                     temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, noise: torch.Tensor,
-                    lm_weight: torch.Tensor, embed_weight: torch.Tensor, top_k_cap: int | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    lm_weight: torch.Tensor, embed_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One predictor step for x [B, n, Hc] at `positions` [n] (the first step: n=2, positions 0,1).
 
         Writes the step's keys/values into the [B, kv, 16, d] caches and attends over all 16 slots
@@ -137,16 +133,13 @@ class CodePredictor(nn.Module):
             k = apply_rope(attn.k_norm(k.reshape(b, n, -1, d)).transpose(1, 2), cos_n, sin_n)
             keys.index_copy_(2, positions, k)
             values.index_copy_(2, positions, v.reshape(b, n, -1, d).transpose(1, 2))
-            if self.slot_attention:
-                out = slot_attention(q, keys, values, mask)
-            else:
-                out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
-                                                     enable_gqa=self.shape.num_heads != self.shape.num_kv_heads)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                                 enable_gqa=self.shape.num_heads != self.shape.num_kv_heads)
             x = x + attn.o_proj(out.transpose(1, 2).reshape(b, n, -1))
             gate, up = F.linear(layer.post_attention_layernorm(x), mlp.gate_up_weight).chunk(2, dim=-1)
             x = x + mlp.down_proj(F.silu(gate) * up)
         logits = F.linear(self.model.norm(x[:, -1]), lm_weight)
-        code = sample_rows(logits, do_sample, temperature, top_k, top_p, noise, True, False, top_k_cap)
+        code = sample_rows(logits, do_sample, temperature, top_k, top_p, noise, True, False)
         code_embed = F.embedding(code, embed_weight)
         return code, code_embed, self.small_to_mtp_projection(code_embed).unsqueeze(1)
 
@@ -169,8 +162,7 @@ class CodePredictor(nn.Module):
                 torch._dynamo.maybe_mark_dynamic(t, 0)
             code, code_embed, x = step_fn(x, positions[step], key_cache, value_cache, cos, sin, params.do_sample,
                                           params.temperature, params.top_k, params.top_p, step_noise,
-                                          self.lm_head[step].weight, self.model.codec_embedding[step].weight,
-                                          params.top_k_cap)
+                                          self.lm_head[step].weight, self.model.codec_embedding[step].weight)
             codes.append(code)
             embeds.append(code_embed)
         return torch.stack(codes, dim=1), torch.stack(embeds, dim=1).sum(1)
@@ -215,23 +207,6 @@ class CodePredictor(nn.Module):
         return codes, torch.stack(embeds, dim=1).sum(1)
 
 
-def slot_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """SDPA over the predictor's 16-slot cache written as products and sums, for Inductor to fuse.
-
-    q [B, H, n, d], keys/values [B, KV, S, d] (grouped-query: head i reads kv head i // (H / KV)), mask
-    [n, S] (True: attend) -> [B, H, n, d]. With n <= 2 and S = 16 there is nothing for a matrix unit to do:
-    Inductor's SDPA decomposition makes each of the 75 layer-steps of a frame a K/V expansion, two fp32
-    cuBLAS GEMVs and a softmax (~5 kernels, BENCHMARKS "fourth pass"); as reductions they can fuse into
-    two or three. Accumulates in fp32 like that decomposition."""
-    b, h, n, d = q.shape
-    kv = keys.shape[1]
-    grouped = q.reshape(b, kv, h // kv, n, 1, d).float()
-    scores = (grouped * keys[:, :, None, None].float()).sum(-1) * d ** -0.5          # [B, KV, G, n, S]
-    probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
-    out = (probs.unsqueeze(-1) * values[:, :, None, None].float()).sum(-2)           # [B, KV, G, n, d]
-    return out.to(q.dtype).reshape(b, h, n, d)
-
-
 class PredictorGraphs:
     """CUDA graphs of `CodePredictor.predict_eager`, one per (batch bucket, sampling variant).
 
@@ -268,8 +243,7 @@ class PredictorGraphs:
             self.positions = [torch.arange(2, device=device)] + [
                 torch.tensor([s + 1], device=device) for s in range(1, steps)]
         self.pool = torch.cuda.graph_pool_handle()
-        # (bucket, any_sample, any_top_p, top_k_cap) -> (graph, codes out, embedding out)
-        self._graphs: dict[tuple[int, bool, bool, int | None], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self._graphs: dict[tuple[int, bool, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.step_fn = None
         self.compiled = False
         if compile:
@@ -279,14 +253,13 @@ class PredictorGraphs:
             except Exception:  # pragma: no cover - depends on the local compiler toolchain
                 log.exception("code predictor: torch.compile unavailable; using the plain captured loop")
 
-    def _params(self, b: int, any_sample: bool, any_top_p: bool, top_k_cap: int | None) -> BatchSampling:
+    def _params(self, b: int, any_sample: bool, any_top_p: bool) -> BatchSampling:
         return BatchSampling(do_sample=self.do_sample[:b], temperature=self.temperature[:b], top_k=self.top_k[:b],
-                             top_p=self.top_p[:b], generators=[None] * b, any_sample=any_sample, any_top_p=any_top_p,
-                             top_k_cap=top_k_cap)
+                             top_p=self.top_p[:b], generators=[None] * b, any_sample=any_sample, any_top_p=any_top_p)
 
     @torch.inference_mode()
-    def capture(self, b: int, any_sample: bool, any_top_p: bool, top_k_cap: int | None = None) -> None:
-        params = self._params(b, any_sample, any_top_p, top_k_cap)
+    def capture(self, b: int, any_sample: bool, any_top_p: bool) -> None:
+        params = self._params(b, any_sample, any_top_p)
         args = (self.hidden[:b], self.c0_embed[:b], params, self.noise[:b])
         fused = self.step_fn is not None and any_sample and not any_top_p
         if fused:
@@ -302,9 +275,9 @@ class PredictorGraphs:
                 raise
             log.exception("code predictor: compiled step failed for batch %d; using the plain captured loop", b)
             self.step_fn = None
-            return self.capture(b, any_sample, any_top_p, top_k_cap)
+            return self.capture(b, any_sample, any_top_p)
         self.compiled = self.compiled or fused
-        self._graphs[(b, any_sample, any_top_p, top_k_cap)] = (graph, codes, embed)
+        self._graphs[(b, any_sample, any_top_p)] = (graph, codes, embed)
 
     def _capture(self, run):
         try:
@@ -315,12 +288,11 @@ class PredictorGraphs:
         return graph, codes, embed
 
     def capture_all(self) -> None:
-        """The variants every engine meets: greedy, and sampled (top-p off) with the usual small top-k
-        (found by `topk`) and with any other (a full sort), every bucket, largest first so smaller graphs
-        reuse the pool's blocks."""
+        """The variants every engine meets: greedy and sampled (top-p off), every bucket, largest
+        first so smaller graphs reuse the pool's blocks."""
         for b in reversed(self.buckets):
-            for any_sample, top_k_cap in ((True, TOP_K_CAP), (True, None), (False, None)):
-                self.capture(b, any_sample, False, top_k_cap)
+            for any_sample in (True, False):
+                self.capture(b, any_sample, False)
 
     def bucket(self, batch: int) -> int:
         return next(b for b in self.buckets if b >= batch)
@@ -329,7 +301,7 @@ class PredictorGraphs:
             params: BatchSampling) -> tuple[torch.Tensor, torch.Tensor]:
         batch = hidden.shape[0]
         b = self.bucket(batch)
-        key = (b, params.any_sample, params.any_top_p, params.top_k_cap if params.any_sample else None)
+        key = (b, params.any_sample, params.any_top_p)
         if key not in self._graphs:
             self.capture(*key)
         graph, codes, embed = self._graphs[key]

@@ -12,11 +12,6 @@ from dataclasses import dataclass
 
 import torch
 
-# When every sampling row's top-k is at most this, the k-th score comes from `torch.topk(scores, TOP_K_CAP)`
-# instead of a full sort of the vocabulary: the same value, so the same draws. The sort was 15 kernels and
-# 0.32 ms of a frame's 6.7 ms of GPU time at one stream (H200, 1.7B, BENCHMARKS "fourth pass").
-TOP_K_CAP = 64
-
 
 @dataclass
 class RowSampling:
@@ -40,7 +35,6 @@ class BatchSampling:
     generators: list[torch.Generator | None]
     any_sample: bool
     any_top_p: bool
-    top_k_cap: int | None = None   # TOP_K_CAP when every sampling row's top-k is in 1..TOP_K_CAP, else None
 
     @staticmethod
     def stack(rows: list[RowSampling], device: torch.device) -> "BatchSampling":
@@ -53,7 +47,6 @@ class BatchSampling:
             generators=[r.generator if r.do_sample else None for r in rows],
             any_sample=any(sample),
             any_top_p=any(r.do_sample and r.top_p < 1.0 for r in rows),
-            top_k_cap=TOP_K_CAP if all(0 < r.top_k <= TOP_K_CAP for r in rows if r.do_sample) else None,
         )
 
 
@@ -66,17 +59,10 @@ def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.T
     return host.pin_memory().to(device, non_blocking=True)
 
 
-def _filter_top_k(scores: torch.Tensor, top_k: torch.Tensor, cap: int | None = None) -> torch.Tensor:
-    """Keep each row's `top_k` best scores (0: all). `cap`: every sampling row's k is at most this (rows
-    beyond it are greedy and discarded), so the k-th best is among the `cap` best."""
+def _filter_top_k(scores: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
     vocab = scores.shape[-1]
     k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
-    if cap is not None and cap < vocab:
-        best = scores.topk(cap, dim=-1).values            # sorted, descending
-        k = k.clamp(max=cap)
-    else:
-        best = scores.sort(dim=-1, descending=True).values
-    kth = best.gather(-1, (k - 1).unsqueeze(-1))
+    kth = scores.sort(dim=-1, descending=True).values.gather(-1, (k - 1).unsqueeze(-1))
     return scores.masked_fill(scores < kth, float("-inf"))
 
 
@@ -119,18 +105,17 @@ def sample(logits: torch.Tensor, params: BatchSampling, noise: torch.Tensor | No
     if noise is None and params.any_sample:
         noise = _exponential_noise(logits.shape, params.generators, logits.device)
     return sample_rows(logits, params.do_sample, params.temperature, params.top_k, params.top_p, noise,
-                       params.any_sample, params.any_top_p, params.top_k_cap)
+                       params.any_sample, params.any_top_p)
 
 
 def sample_rows(logits: torch.Tensor, do_sample: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
-                top_p: torch.Tensor, noise: torch.Tensor | None, any_sample: bool, any_top_p: bool,
-                top_k_cap: int | None = None) -> torch.Tensor:
+                top_p: torch.Tensor, noise: torch.Tensor | None, any_sample: bool, any_top_p: bool) -> torch.Tensor:
     """`sample` on plain tensors (what a compiled function can take); `noise` is needed when sampling."""
     greedy = logits.argmax(dim=-1)
     if not any_sample:
         return greedy
     scores = logits.float() / temperature.unsqueeze(-1)
-    scores = _filter_top_k(scores, top_k, top_k_cap)
+    scores = _filter_top_k(scores, top_k)
     if any_top_p:
         scores = _filter_top_p(scores, top_p)
     probs = scores.softmax(dim=-1)
