@@ -2,7 +2,8 @@
 # Issue "real time under load": where a frame's time goes (one H200; needs /tmp/site from scripts/gpu_setup.sh).
 # 1. The code predictor alone (scripts/gpu_microbench.py, 1.7B shapes): plain graphs, compiled, autotuned;
 # wall ms, kernels, kernel and busy time per call. 2. The engine (scripts/gpu_load_bench.sh): a Poisson level
-# and closed 64 (underruns by chunk index), the breakdown and the kernel profile (idle time by gap length).
+# and closed 64 (underruns by chunk index; Stage 0's step times, split by whether a request joined), the
+# breakdown and the kernel profile (idle time by gap length).
 # Knobs: MICRO / LOAD (1: run that part; each fits one 10-minute call), BATCHES (1,16,64), PREDICTOR_VARIANTS
 # (all), T_MICRO (300), and gpu_load_bench.sh's (defaults here: CONCURRENCY 20,1, CLOSED 64).
 set -uo pipefail
@@ -20,5 +21,6 @@ KERNEL_PROFILE=${KERNEL_PROFILE:-3} SINGLE=0 CLOSED=${CLOSED:-64} CONCURRENCY=${
 python3 -c "
 import json; d = json.load(open('$OUT/load_full.json'))
 for r in d['results']:
-    if r.get('underruns_by_chunk') or r.get('idle_ms_per_frame_by_gap'):
-        print(r.get('name'), r.get('level'), r.get('variant'), r.get('underruns_by_chunk'), r.get('idle_ms_per_frame_by_gap'))"
+    keys = ('name', 'level', 'mode', 'variant', 'underruns_by_chunk', 'steps', 'step_ms_p50', 'step_ms_p95',
+            'step_ms_p95_joined', 'step_ms_p95_not_joined', 'steps_joined_pct', 'idle_ms_per_frame_by_gap')
+    print({k: r[k] for k in keys if r.get(k) is not None})"

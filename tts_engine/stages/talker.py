@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -28,6 +29,7 @@ from tts_engine.models.qwen3_tts.prompt import TalkerPrompt
 from tts_engine.models.qwen3_tts.sampling import BatchSampling, RowSampling, to_device
 from tts_engine.request import PromptTooLong, RequestAborted, StreamFailed
 from tts_engine.stages.owner_thread import OwnerThread
+from tts_engine.stages.step_log import StepLog
 from tts_engine.stages.vllm_bridge import PreemptedRequest, TalkerEngine
 
 log = logging.getLogger(__name__)
@@ -103,6 +105,7 @@ class TalkerStage:
         self._logits_batch: _BatchCache | None = None
         self._commands: queue.Queue = queue.Queue()
         self._stop = threading.Event()
+        self.step_log = StepLog()
         if self.device.type == "cuda" and not engine.enforce_eager:
             # One graph per batch bucket up to the engine's batch limit, captured before serving.
             self.model.code_predictor.enable_cuda_graphs(engine.max_num_seqs)
@@ -152,7 +155,9 @@ class TalkerStage:
             if not self.engine.has_unfinished():
                 continue
             try:
+                started = time.perf_counter()
                 outputs = self.engine.step()
+                self.step_log.record(time.perf_counter() - started, len(self._by_id))
             except PreemptedRequest as exc:
                 self._fail_all(StreamFailed(str(exc)))
                 continue
@@ -186,6 +191,7 @@ class TalkerStage:
             state.slot = self._take_slot()
             self._by_internal[state.internal_id] = state
             self._by_id[state.request_id] = state
+            self.step_log.request_added()
         elif cmd == "barrier":
             arg.set()
         elif cmd == "abort":

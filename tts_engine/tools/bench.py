@@ -176,6 +176,7 @@ def summarize(name: str, level: int, mode: str, results: list[RequestResult], wa
     }
     if GC_PAUSES.installed:
         out.update(GC_PAUSES.take())
+    out.update(STEPS.take())
     out.update(extra or {})
     return out
 
@@ -212,6 +213,25 @@ class GcPauses:
 
 
 GC_PAUSES = GcPauses()
+
+
+class StageZeroSteps:
+    """Stage 0's step times per level (`stages.step_log`), for the in-process bench: taken at a level's start
+    (discarded) and at its row."""
+
+    def __init__(self):
+        self.log = None
+
+    def reset(self) -> None:
+        if self.log is not None:
+            self.log.take()
+
+    def take(self) -> dict:
+        from tts_engine.stages.step_log import summarize_steps
+        return summarize_steps(self.log.take()) if self.log is not None else {}
+
+
+STEPS = StageZeroSteps()
 
 
 def _round(v, nd):
@@ -310,6 +330,7 @@ async def run_level(engine, args, level: int, voice=None, index0: int = 0, reque
     def one(i: int, t_level: float):
         return _one_request(engine, make_request(args, index0 + i, voice), t_level, args.prebuffer_ms / 1000)
     GC_PAUSES.reset()
+    STEPS.reset()
     return await run_arrivals(args, level, one, requests)
 
 
@@ -569,6 +590,7 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
                                        **overrides)
     startup_s = time.perf_counter() - t
     log.info("engine started in %.1f s", startup_s)
+    STEPS.log = engine.talker.step_log
     graphs = engine.talker_engine.model.code_predictor.graphs
     info = {"engine_startup_s": round(startup_s, 1), "predictor_graphs": graphs is not None,
             "predictor_compiled": bool(graphs is not None and graphs.compiled),
@@ -640,6 +662,7 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
                 engine, [make_request(args, 90_000 + i, voice) for i in range(args.kernel_profile)])
             report({"name": "kernel profile", "level": 1, **summary})
     finally:
+        STEPS.log = None
         engine.close()
     return rows
 
