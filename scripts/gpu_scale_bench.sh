@@ -41,7 +41,8 @@ CFG
     sleep 3
   done
   echo "== $n replica(s) deployed after $(( $(date +%s) - t0 )) s"; grep -E "ready:|Error|Traceback" $OUT/serve_$n.log | tail -5
-  for level in ${SCALE_LEVELS:-64 128}; do   # one level per bench run: each stream makes PER_STREAM requests
+  LEVELS_LIST=${SCALE_LEVELS:-64 128}
+  for level in ${LEVELS_LIST//,/ }; do   # one level per bench run: each stream makes PER_STREAM requests
     timeout ${T_LOAD:-150} python3 -m tts_engine.tools.bench --url http://127.0.0.1:8000 --voice ryan --frames 50 \
       --concurrency $level --requests $(( level * ${PER_STREAM:-4} )) --client-processes ${CLIENTS:-4} \
       --label "Ray Serve, $n replica(s)" \

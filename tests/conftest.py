@@ -51,7 +51,7 @@ REFERENCE_TEXT = "The quick brown fox jumps over the lazy dog."
 
 ROOT = Path(__file__).resolve().parents[1]
 LIVE_APP_SESSIONS = 3       # WebRTC agent sessions the live app accepts at once
-LIVE_APP_CONNECT_TIMEOUT_S = 6   # an answered session must connect within this (ICE alone gives up after ~30 s)
+LIVE_APP_CONNECT_TIMEOUT_S = 6   # an answered session must connect within this (fastrtc's own limit: 30 s)
 
 
 def free_port() -> int:

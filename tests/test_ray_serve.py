@@ -311,7 +311,7 @@ def test_more_requests_than_the_replicas_take_wait_in_serve_instead_of_503(clust
     """Each replica is given 12 requests at most (`max_ongoing_requests`) and its engine steps 8: 28 at once
     must all be answered, the 4 past both replicas' capacity after waiting in Serve's queue."""
     url, _ = cluster
-    body = {**SPEECH, "max_new_tokens": 6}
+    body = {**SPEECH, "max_new_tokens": 20}   # long enough that the 28 overlap
     with ThreadPoolExecutor(28) as pool:
         answers = list(pool.map(lambda _: _speak(url, body), range(28)))
     assert [r.status_code for r in answers if r.status_code != 200] == []

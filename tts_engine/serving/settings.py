@@ -31,9 +31,9 @@ class ServingSettings:
     # every session can speak at once; a fixed 8 refused half of 16 agents on an H200 that steps 64
     max_sessions: int | None = None
     session_time_limit_s: int = 900           # how long a WebRTC connection may stay open
-    # an answered offer whose peer has not connected (ICE + DTLS) by then is closed and frees its slot; without
-    # it a peer that went away mid-handshake held a session slot until ICE gave up
-    session_connect_timeout_s: float = 20.0
+    # an answered offer whose peer has not connected (ICE + DTLS) by then is closed and frees its slot; fastrtc's
+    # own limit is a fixed 30 s, so a peer gone mid-handshake held a session slot that long
+    session_connect_timeout_s: float = 10.0
     max_upload_bytes: int = 20 * 1024 * 1024  # reference clip upload; larger -> 413
     max_new_tokens: int | None = None         # default frame cap per request (12.5 frames = 1 s); None: stage config
     max_request_new_tokens: int = 8192        # largest `max_new_tokens` a request may ask for

@@ -99,9 +99,9 @@ def make_agent_handler_class():
 
 async def close_if_unconnected(stream, webrtc_id: str, timeout_s: float) -> None:
     """Close an answered session whose peer has not connected within `timeout_s`. fastrtc frees a session
-    when its connection fails or closes, but a peer that leaves before ICE completes leaves it "connecting"
-    until ICE gives up, holding one of the `max_sessions` slots. fastrtc sets the session's event in
-    `connection_timeouts` once it is connected (it times its session limit from there)."""
+    when its connection fails or closes, and closes one that has not connected after a fixed 30 s; until then
+    a peer that left mid-handshake holds one of the `max_sessions` slots. fastrtc sets the session's event in
+    `connection_timeouts` once it is connected (it times its own limits from there)."""
     connected = stream.connection_timeouts[webrtc_id]
     try:
         await asyncio.wait_for(connected.wait(), timeout_s)

@@ -118,7 +118,8 @@ def player_underruns(chunks: list[tuple[float, int]], sr: int = SAMPLE_RATE,
 def late_chunks(chunks: list[tuple[float, int]], sr: int = SAMPLE_RATE, prebuffer_s: float = 0.0,
                 tolerance_s: float = 0.001) -> list[tuple[int, float]]:
     """(index from 1, stall seconds) of each chunk that arrived after the player ran dry (`player_underruns`):
-    which chunk of the schedule misses its deadline tells which lever helps."""
+    which chunk of the schedule misses its deadline tells which lever helps. Chunks without audio (a first
+    chunk the leading-silence trim emptied) are not counted."""
     chunks = [(t, n) for t, n in chunks if n > 0]
     if not chunks:
         return []
@@ -298,7 +299,7 @@ async def _one_request(engine, request, t_level: float, prebuffer_s: float) -> R
     except Exception as exc:  # a failed request is counted, not fatal
         result.error = f"{type(exc).__name__}: {exc}"
         return result
-    return _listened(result, pieces, prebuffer_s)
+    return _listened(result, pieces, prebuffer_s, engine_chunks=True)
 
 
 def _keep_details(args, row: dict, results: list[RequestResult]) -> None:
@@ -306,8 +307,11 @@ def _keep_details(args, row: dict, results: list[RequestResult]) -> None:
         row["requests_detail"] = [dataclasses.asdict(r) for r in results]
 
 
-def _listened(result: RequestResult, pieces: list[np.ndarray], prebuffer_s: float) -> RequestResult:
-    """What a listener gets from the chunks: duration, first audible chunk, underruns of a real-time player."""
+def _listened(result: RequestResult, pieces: list[np.ndarray], prebuffer_s: float,
+              engine_chunks: bool = False) -> RequestResult:
+    """What a listener gets from the chunks: duration, first audible chunk, underruns of a real-time player.
+    `engine_chunks`: the chunks are the engine's (in process), so which of them came late is kept; over HTTP
+    or WebRTC they are network reads or 20 ms packets, whose indexes say nothing about the schedule."""
     audio = np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
     result.audio_s = audio.size / SAMPLE_RATE
     idx = first_audible_sample(audio)
@@ -320,7 +324,7 @@ def _listened(result: RequestResult, pieces: list[np.ndarray], prebuffer_s: floa
                 break
     late = late_chunks(result.chunks, prebuffer_s=prebuffer_s)
     result.underruns, result.underrun_s = len(late), sum(stall for _, stall in late)
-    result.late_chunk_indexes = [index for index, _ in late]
+    result.late_chunk_indexes = [index for index, _ in late] if engine_chunks else []
     return result
 
 
@@ -334,10 +338,11 @@ async def run_level(engine, args, level: int, voice=None, index0: int = 0, reque
     return await run_arrivals(args, level, one, requests)
 
 
-async def run_arrivals(args, level: int, one: Callable[[int, float], Any], requests: int | None = None
-                       ) -> tuple[list[RequestResult], float]:
+async def run_arrivals(args, level: int, one: Callable[[int, float], Any], requests: int | None = None,
+                       stream: int = 0) -> tuple[list[RequestResult], float]:
     """Closed loop (`level` streams, each starting its next request when one finishes) or Poisson
-    arrivals (`level` requests per second); `one(i, t_level)` runs request i."""
+    arrivals (`level` requests per second); `one(i, t_level)` runs request i. `stream`: which of several
+    client processes sharing a level this is (each draws its own Poisson arrivals)."""
     n = requests if requests is not None else (args.requests or max(2 * level, 4))
     t_level = time.perf_counter()
     results: list[RequestResult] = []
@@ -349,7 +354,7 @@ async def run_arrivals(args, level: int, one: Callable[[int, float], Any], reque
                 results.append(await one(i, t_level))
         await asyncio.gather(*(worker() for _ in range(min(level, n))))
     else:
-        rng = random.Random(1234 + level)
+        rng = random.Random(1234 + level + 100_003 * stream)
         tasks = []
         for i in range(n):
             tasks.append(asyncio.ensure_future(one(i, t_level)))
@@ -1100,7 +1105,7 @@ async def _url_request(client, args, url: str, i: int, t_level: float) -> Reques
     return _listened(result, pieces, args.prebuffer_ms / 1000)
 
 
-async def _url_level(args, url: str, level: int, requests: int, index0: int = 0
+async def _url_level(args, url: str, level: int, requests: int, index0: int = 0, stream: int = 0
                      ) -> tuple[list[RequestResult], float, float]:
     """`level` clients of this process making `requests` requests: (results, wall s, CPU s of this process)."""
     import httpx
@@ -1109,15 +1114,15 @@ async def _url_level(args, url: str, level: int, requests: int, index0: int = 0
     async with httpx.AsyncClient(timeout=args.webrtc_timeout * 4, limits=limits) as client:
         cpu0 = time.process_time()
         results, wall = await run_arrivals(args, level, lambda i, t: _url_request(client, args, url, index0 + i, t),
-                                           requests)
+                                           requests, stream)
         return results, wall, time.process_time() - cpu0
 
 
-def _url_level_in_process(args, url: str, level: int, requests: int, index0: int, start):
-    """A client process's share of a level (run by ProcessPoolExecutor); `start` (a shared barrier) lets the
-    processes, started one by one, begin together."""
+def _url_level_in_process(args, url: str, level: int, requests: int, index0: int, stream: int, start):
+    """Client process `stream`'s share of a level (run by ProcessPoolExecutor); `start` (a shared barrier)
+    lets the processes, started one by one, begin together."""
     start.wait(timeout=120)
-    return asyncio.run(_url_level(args, url, level, requests, index0))
+    return asyncio.run(_url_level(args, url, level, requests, index0, stream))
 
 
 def split_evenly(total: int, parts: int) -> list[int]:
@@ -1149,8 +1154,8 @@ async def bench_url(args, report: Callable[[dict], None]) -> list[dict]:
             with context.Manager() as manager, ProcessPoolExecutor(processes, mp_context=context) as pool:
                 start = manager.Barrier(processes)
                 parts = await asyncio.gather(*(
-                    loop.run_in_executor(pool, _url_level_in_process, args, url, share, count, offset, start)
-                    for share, count, offset in zip(shares, counts, offsets)))
+                    loop.run_in_executor(pool, _url_level_in_process, args, url, share, count, offset, stream, start)
+                    for stream, (share, count, offset) in enumerate(zip(shares, counts, offsets))))
             results = [r for part_results, _, _ in parts for r in part_results]
             wall = max(part_wall for _, part_wall, _ in parts)
             client_cpu_share = max(cpu / part_wall for _, part_wall, cpu in parts if part_wall > 0)
