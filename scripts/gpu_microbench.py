@@ -103,7 +103,7 @@ def _kernel_split(label: str, fn, reps: int = 10) -> dict:
     inside a kernel shortens."""
     from torch.profiler import ProfilerActivity, profile
 
-    from tts_engine.tools.kernel_profile import busy_us, is_copy, kernels_of
+    from tts_engine.tools.kernel_profile import kernels_of, summarize
 
     fn()
     torch.cuda.synchronize()
@@ -111,15 +111,12 @@ def _kernel_split(label: str, fn, reps: int = 10) -> dict:
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
-    kernels = [k for k in kernels_of(prof) if not is_copy(k)]
-    if not kernels:
+    summary = summarize([kernels_of(prof)], frames=reps, top=0)   # the reps as one span, per call
+    if not summary["kernels"]:
         return {}
-    window = max(k.end_us for k in kernels) - min(k.start_us for k in kernels)
     base = label.replace("_ms", "")
-    return {f"{base}_kernels": round(len(kernels) / reps, 1),
-            f"{base}_kernel_ms": round(sum(k.end_us - k.start_us for k in kernels) / reps / 1000, 3),
-            f"{base}_busy_ms": round(busy_us(kernels) / reps / 1000, 3),
-            f"{base}_window_ms": round(window / reps / 1000, 3)}
+    return {f"{base}_kernels": summary["kernels_per_frame"], f"{base}_kernel_ms": summary["kernel_ms_per_frame"],
+            f"{base}_busy_ms": summary["busy_ms_per_frame"], f"{base}_window_ms": summary["window_ms_per_frame"]}
 
 
 def decoder_bench(shape: str, device, cases, results: list, tf32: bool) -> None:

@@ -7,7 +7,6 @@ imported lazily (it pulls Gradio in); nothing here is needed to use the engine.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from typing import Any
@@ -97,24 +96,15 @@ def make_agent_handler_class():
     return AgentSpeaker
 
 
-async def close_if_unconnected(stream, webrtc_id: str, timeout_s: float) -> None:
-    """Close an answered session whose peer has not connected within `timeout_s`. fastrtc frees a session
-    when its connection fails or closes, and closes one that has not connected after a fixed 30 s; until then
-    a peer that left mid-handshake holds one of the `max_sessions` slots. fastrtc sets the session's event in
-    `connection_timeouts` once it is connected (it times its own limits from there)."""
-    connected = stream.connection_timeouts[webrtc_id]
-    try:
-        await asyncio.wait_for(connected.wait(), timeout_s)
-        return
-    except (asyncio.TimeoutError, TimeoutError):
-        pass
-    pc = stream.pcs.get(webrtc_id)
-    if pc is None:                                 # closed meanwhile
-        stream.connection_timeouts.pop(webrtc_id, None)
-        return
-    log.info("WebRTC session %s did not connect within %.0f s: closed", webrtc_id, timeout_s)
-    stream.clean_up(webrtc_id)
-    await pc.close()
+def connect_within(stream, timeout_s: float) -> None:
+    """fastrtc closes an answered session whose peer has not connected (ICE + DTLS) after a fixed 30 s
+    (`handle_offer` starts `self.connection_timeout(pc, webrtc_id, 30)`); until then a peer that left
+    mid-handshake holds one of the `max_sessions` slots. This stream's sessions get `timeout_s` instead."""
+    fixed = stream.connection_timeout
+
+    async def connection_timeout(pc, webrtc_id: str, time_limit: float) -> None:
+        await fixed(pc, webrtc_id, timeout_s)
+    stream.connection_timeout = connection_timeout
 
 
 class FastrtcSessions:
@@ -142,6 +132,7 @@ def build_agent_api(engine, library, settings: ServingSettings, lifecycle=None):
     stream = Stream(make_agent_handler_class()(engine, settings.preroll_s), mode="send-receive", modality="audio",
                     concurrency_limit=limit, time_limit=settings.session_time_limit_s,
                     rtc_configuration=rtc_client, server_rtc_configuration=rtc_server)
+    connect_within(stream, settings.session_connect_timeout_s)
     app = build_api(engine, library, settings, sessions=FastrtcSessions(stream), lifecycle=lifecycle)
     app.state.stream = stream
 
@@ -153,14 +144,7 @@ def build_agent_api(engine, library, settings: ServingSettings, lifecycle=None):
         if body.type == "offer" and len(stream.pcs) >= limit:
             return ApiError("too_many_sessions", f"too many concurrent sessions (limit {limit}); "
                                                  "retry shortly").response()
-        answer = await stream.offer(body)
-        if body.type == "offer" and body.webrtc_id in stream.pcs:
-            watch = asyncio.get_running_loop().create_task(
-                close_if_unconnected(stream, body.webrtc_id, settings.session_connect_timeout_s))
-            watchers.add(watch)                    # the loop keeps only weak references to tasks
-            watch.add_done_callback(watchers.discard)
-        return answer
-    watchers: set[asyncio.Task] = set()
+        return await stream.offer(body)
     offer.__annotations__["body"] = Body    # fastrtc is imported here, not at module level: give FastAPI the class
 
     # Only the route we use and document. `stream.mount(app)` would also add WS /websocket/offer (a mu-law

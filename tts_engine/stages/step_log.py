@@ -4,13 +4,13 @@ step (vLLM's chunked prefill), so its cost shows as a longer step for every stre
 
 With vLLM's async scheduling a `step()` call launches step t+1 and waits for step t, so a prefill
 scheduled in call k is paid for in call k or k+1: a step counts as "joined" when a request was added
-before it or before the call before it. The log is bounded and read by the bench between levels; the
-stage thread only appends (a deque append is atomic), so recording costs no lock and no GPU sync.
+before it or before the call before it. The log is bounded and read by the bench between levels
+(`tools.bench.summarize_steps`); the stage thread only appends (a deque append is atomic), so recording
+costs no lock and no GPU sync.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 from dataclasses import dataclass
 
@@ -18,7 +18,6 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class StepRecord:
     seconds: float      # wall time of one `engine.step()` call
-    rows: int           # requests in flight when it was called
     joined: bool        # a request was added before this call or the one before it
 
 
@@ -30,9 +29,9 @@ class StepLog:
     def request_added(self) -> None:
         self._added_before = (True, self._added_before[1])
 
-    def record(self, seconds: float, rows: int) -> None:
+    def record(self, seconds: float) -> None:
         now, previous = self._added_before
-        self._records.append(StepRecord(seconds, rows, now or previous))
+        self._records.append(StepRecord(seconds, now or previous))
         self._added_before = (False, now)
 
     def take(self) -> list[StepRecord]:
@@ -43,20 +42,3 @@ class StepLog:
                 taken.append(self._records.popleft())
             except IndexError:
                 return taken
-
-
-def summarize_steps(records: list[StepRecord]) -> dict:
-    """Step wall-time percentiles (ms), overall and split by whether a request joined, and the joined share."""
-    def pct(values: list[float], q: int) -> float | None:
-        if not values:
-            return None
-        if len(values) == 1:
-            return round(values[0] * 1000, 2)
-        return round(statistics.quantiles(values, n=100, method="inclusive")[q - 1] * 1000, 2)
-
-    every = [r.seconds for r in records]
-    joined = [r.seconds for r in records if r.joined]
-    plain = [r.seconds for r in records if not r.joined]
-    return {"steps": len(records), "step_ms_p50": pct(every, 50), "step_ms_p95": pct(every, 95),
-            "step_ms_p95_joined": pct(joined, 95), "step_ms_p95_not_joined": pct(plain, 95),
-            "steps_joined_pct": round(100 * len(joined) / len(records), 1) if records else None}

@@ -157,7 +157,7 @@ class TalkerStage:
             try:
                 started = time.perf_counter()
                 outputs = self.engine.step()
-                self.step_log.record(time.perf_counter() - started, len(self._by_id))
+                self.step_log.record(time.perf_counter() - started)
             except PreemptedRequest as exc:
                 self._fail_all(StreamFailed(str(exc)))
                 continue

@@ -228,8 +228,21 @@ class StageZeroSteps:
             self.log.take()
 
     def take(self) -> dict:
-        from tts_engine.stages.step_log import summarize_steps
         return summarize_steps(self.log.take()) if self.log is not None else {}
+
+
+def summarize_steps(records: list) -> dict:
+    """Stage 0 step wall times (`stages.step_log.StepRecord`) in ms, p50/p95 overall and p95 split by whether a
+    joining request's prefill rode in the step, and the share of steps it did."""
+    def ms(seconds: float | None) -> float | None:
+        return None if seconds is None else round(seconds * 1000, 2)
+
+    every = [r.seconds for r in records]
+    joined = [r.seconds for r in records if r.joined]
+    plain = [r.seconds for r in records if not r.joined]
+    return {"steps": len(records), "step_ms_p50": ms(_pct(every, 50)), "step_ms_p95": ms(_pct(every, 95)),
+            "step_ms_p95_joined": ms(_pct(joined, 95)), "step_ms_p95_not_joined": ms(_pct(plain, 95)),
+            "steps_joined_pct": round(100 * len(joined) / len(records), 1) if records else None}
 
 
 STEPS = StageZeroSteps()
