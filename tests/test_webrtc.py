@@ -238,7 +238,7 @@ def test_a_peer_that_never_connects_frees_its_session_slot(live_app):
                 probe, full = await raw_offer(client, "probe" + str(os.getpid()))
                 await probe.close()
                 assert full.status_code == 503, "the unconnected sessions should hold every slot at first"
-                deadline = answered + LIVE_APP_CONNECT_TIMEOUT_S + 8     # well before ICE's ~30 s
+                deadline = answered + LIVE_APP_CONNECT_TIMEOUT_S + 8     # well before fastrtc's own 30 s
                 while True:                                # a real peer gets a slot again, and connects
                     fresh = AgentSession(live_app)
                     try:
