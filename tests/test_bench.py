@@ -63,12 +63,14 @@ def test_end_to_end_tiny_fixed_frames(tmp_path):
     out = tmp_path / "bench.json"
     md = tmp_path / "bench.md"
     rc = main(["--demo", "tiny", "--demo-dir", str(tmp_path), "--concurrency", "1,2", "--frames", "12",
-               "--requests", "2", "--warmup", "0", "--cold", "--keep-requests", "--json", str(out), "--markdown", str(md)])
+               "--requests", "2", "--warmup", "0", "--cold", "--keep-requests", "--json", str(out), "--markdown", str(md),
+               "--variants", "default,stage0-high-priority-calls-100", "--variant-levels", "1"])
     assert rc == 0
     doc = json.loads(out.read_text())
     assert doc["environment"]["torch"] and doc["checkpoint"]["demo"] == "tiny"
     rows = doc["results"]
-    assert [(r["name"], r["level"]) for r in rows] == [("ours/cold", 1), ("ours", 1), ("ours", 2)]
+    assert [(r["name"], r["level"]) for r in rows] == [
+        ("ours/cold", 1), ("ours", 1), ("ours", 2), ("ours/stage0-high-priority-calls-100", 1)]
     assert rows[0]["startup_warmup"] == "full" and rows[0]["startup_warmup_s"] > 0
     for row in rows:
         assert row["errors"] == 0 and row["requests"] == 2
@@ -79,6 +81,7 @@ def test_end_to_end_tiny_fixed_frames(tmp_path):
             assert request["audio_s"] == pytest.approx(12 * 0.08)
             assert sum(n for _, n in request["chunks"]) == 12 * 1920
     assert md.read_text().count("| ours |") == 2
+    assert rows[-1]["variant"] == "stage0-high-priority-calls-100"   # applied to the running engine and undone
 
 
 def test_url_mode_measures_a_running_server(live_app, tmp_path):
