@@ -3,7 +3,8 @@
 # 1. The code predictor alone (scripts/gpu_microbench.py, 1.7B shapes): plain graphs, compiled, autotuned;
 # wall ms, kernels, kernel and busy time per call. 2. The engine (scripts/gpu_load_bench.sh): a Poisson level
 # and closed 64 (underruns by chunk index; Stage 0's step times, split by whether a request joined), the
-# breakdown and the kernel profile (idle time by gap length).
+# breakdown and the kernel profile (idle time by gap length); each level's first-chunk path (queue, prompt,
+# admit, first frame, decode, delivery).
 # Knobs: MICRO / LOAD (1: run that part; each fits one 10-minute call), BATCHES (1,16,64), PREDICTOR_VARIANTS
 # (all), T_MICRO (300), and gpu_load_bench.sh's (defaults here: CONCURRENCY 20,1, CLOSED 64).
 set -uo pipefail
@@ -22,5 +23,6 @@ python3 -c "
 import json; d = json.load(open('$OUT/load_full.json'))
 for r in d['results']:
     keys = ('name', 'level', 'mode', 'variant', 'underruns_by_chunk', 'steps', 'step_ms_p50', 'step_ms_p95',
-            'step_ms_p95_joined', 'step_ms_p95_not_joined', 'steps_joined_pct', 'idle_ms_per_frame_by_gap')
+            'step_ms_p95_joined', 'step_ms_p95_not_joined', 'steps_joined_pct', 'first_chunk_path_ms',
+            'idle_ms_per_frame_by_gap')
     print({k: r[k] for k in keys if r.get(k) is not None})"

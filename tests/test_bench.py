@@ -15,6 +15,7 @@ from tts_engine.tools.bench import (
     SAMPLE_RATE,
     RequestResult,
     first_audible_sample,
+    first_chunk_path,
     late_chunks,
     main,
     markdown_table,
@@ -82,6 +83,11 @@ def test_end_to_end_tiny_fixed_frames(tmp_path):
             assert sum(n for _, n in request["chunks"]) == 12 * 1920
     assert md.read_text().count("| ours |") == 2
     assert rows[-1]["variant"] == "stage0-high-priority-calls-100"   # applied to the running engine and undone
+    for row in rows:          # every leg of the first chunk's path was timed, in order, by the engine itself
+        path = row["first_chunk_path_ms"]
+        legs = ("queue", "prompt", "admit", "first_frame", "decode", "delivery")
+        assert sorted(path) == sorted(f"{leg}_{q}" for leg in legs for q in (50, 95))
+        assert all(v >= 0 for v in path.values()) and path["prompt_50"] > 0 and path["first_frame_50"] > 0
 
 
 def test_url_mode_measures_a_running_server(live_app, tmp_path):
@@ -184,6 +190,16 @@ def test_client_side_modes_against_the_live_app(live_app, tmp_path):
     (row,) = json.loads(out.read_text())["results"]
     assert row["name"] == "webrtc client" and row["errors"] == 0, row["error_messages"]
     assert 0 < row["first_chunk_ms_p50"] <= row["first_audible_ms_p50"]
+
+
+def test_first_chunk_path_splits_the_wait_into_legs():
+    r = RequestResult("a", 0.0, submit_s=0.030, prompt_s=0.002, engine_admitted_s=0.005, engine_first_frame_s=0.045,
+                      engine_first_chunk_s=0.060, first_chunk_s=0.100)
+    path = first_chunk_path([r, RequestResult("failed", 0.0)])    # a request without timings is left out
+    assert path == {"queue_50": 28.0, "queue_95": 28.0, "prompt_50": 2.0, "prompt_95": 2.0, "admit_50": 5.0,
+                    "admit_95": 5.0, "first_frame_50": 40.0, "first_frame_95": 40.0, "decode_50": 15.0,
+                    "decode_95": 15.0, "delivery_50": 10.0, "delivery_95": 10.0}
+    assert first_chunk_path([]) == {}
 
 
 def test_late_chunks_name_the_chunk_that_missed_its_deadline():

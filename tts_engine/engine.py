@@ -163,7 +163,9 @@ class TTSEngine:
         if not self.healthy:
             raise EngineClosed(f"the engine stopped working ({self.health()['error']}); it must be restarted")
         prompt_inputs, voice = self._prompt_inputs(request)
+        started = time.perf_counter()
         prompt = self.prompts.build(prompt_inputs)
+        prompt_s = time.perf_counter() - started
         positions, limit = prompt.prefill.shape[0], self.talker_engine.max_model_len
         if positions >= limit:
             raise PromptTooLong(f"text is too long: its prompt takes {positions} positions and the engine's "
@@ -172,13 +174,13 @@ class TTSEngine:
         request_id = request_id or uuid.uuid4().hex
         trimmer = LeadingSilenceTrimmer(SAMPLE_RATE) if request.trim_leading_silence else None
         route = Route(request_id, self.settings.talker.processor, self.connector, self.pipeline, deliver,
-                      self._route_done, self.decoder_device, trimmer)
+                      self._route_done, self.decoder_device, trimmer, prompt_s)
         with self._routes_lock:
             if request_id in self._routes:
                 raise RequestError(f"request id {request_id!r} is already running")
             self._routes[request_id] = route
         self.pipeline.open(request_id, route.on_output, context_codes=prompt_inputs.ref_codes)
-        self.talker.submit(request_id, prompt, sampling, route.on_frames, route.on_finish)
+        self.talker.submit(request_id, prompt, sampling, route.on_frames, route.on_finish, route.on_admitted)
         return route, voice
 
     def _route_done(self, request_id: str) -> None:

@@ -88,7 +88,9 @@ class RequestMetrics:
     """Timings of one request, seconds since submission."""
 
     request_id: str
-    submitted_at: float                     # time.perf_counter() at submission
+    submitted_at: float                     # time.perf_counter() at submission (the prompt already built)
+    prompt_s: float | None = None           # how long building the prompt took, before submission
+    admitted_s: float | None = None         # Stage 0 handed the request to vLLM
     first_frame_s: float | None = None
     first_chunk_s: float | None = None      # first delta PCM ready (server side)
     finished_s: float | None = None

@@ -38,7 +38,7 @@ class _StageRequest:
 class Route:
     def __init__(self, request_id: str, processor: Callable, connector: ChunkConnector, pipeline,
                  deliver: Callable, on_done: Callable[[str], None], stage1_device: torch.device,
-                 trimmer: LeadingSilenceTrimmer | None = None):
+                 trimmer: LeadingSilenceTrimmer | None = None, prompt_s: float | None = None):
         self.request_id = request_id
         self.stage_request = _StageRequest(request_id)
         self.processor = processor
@@ -47,7 +47,7 @@ class Route:
         self.deliver = deliver
         self.on_done = on_done
         self.stage1_device = stage1_device
-        self.metrics = RequestMetrics(request_id, time.perf_counter())
+        self.metrics = RequestMetrics(request_id, time.perf_counter(), prompt_s=prompt_s)
         self.chunk_codes: dict[int, torch.Tensor] = {}
         self.samples = 0
         self.closed = False
@@ -64,6 +64,9 @@ class Route:
         self.pipeline.put(chunk)
 
     # Stage 0 thread ------------------------------------------------------------------------------
+    def on_admitted(self) -> None:
+        self.metrics.admitted_s = self._elapsed()
+
     def on_frames(self, frames: torch.Tensor) -> None:
         now = self._elapsed()
         for frame in frames:

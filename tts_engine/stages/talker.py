@@ -59,6 +59,7 @@ class _RequestState:
     sampling: TalkerSampling
     on_frames: FramesCallback
     on_finish: FinishCallback
+    on_admitted: Callable[[], None] | None = None   # told when vLLM has the request (latency breakdown)
     slot: int = -1                          # row of TalkerStage's per-request device tables
     internal_id: str = ""
     step: int = 0                           # decode steps fed so far (= frames completed)
@@ -120,8 +121,9 @@ class TalkerStage:
 
     # ---- commands (any thread) -------------------------------------------------------------------
     def submit(self, request_id: str, prompt: TalkerPrompt, sampling: TalkerSampling,
-               on_frames: FramesCallback, on_finish: FinishCallback) -> None:
-        state = _RequestState(request_id, prompt, sampling, on_frames, on_finish)
+               on_frames: FramesCallback, on_finish: FinishCallback,
+               on_admitted: Callable[[], None] | None = None) -> None:
+        state = _RequestState(request_id, prompt, sampling, on_frames, on_finish, on_admitted)
         self._commands.put(("add", state))
 
     def abort(self, request_id: str) -> None:
@@ -214,6 +216,8 @@ class TalkerStage:
             self._by_internal[state.internal_id] = state
             self._by_id[state.request_id] = state
             self.step_log.request_added()
+            if state.on_admitted is not None:
+                state.on_admitted()
         elif cmd == "barrier":
             arg.set()
         elif cmd == "priority":

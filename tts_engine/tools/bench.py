@@ -81,6 +81,8 @@ class RequestResult:
     engine_first_frame_s: float | None = None
     engine_first_chunk_s: float | None = None
     submit_s: float | None = None           # from the call to the engine's route existing (validation, prompt)
+    prompt_s: float | None = None           # of submit_s, building the prompt
+    engine_admitted_s: float | None = None  # from the route existing to Stage 0 handing it to vLLM
     frame_intervals_s: list[float] = field(default_factory=list)
     chunks: list[tuple[float, int]] = field(default_factory=list)   # (arrival since submit, samples)
     underruns: int = 0
@@ -175,11 +177,33 @@ def summarize(name: str, level: int, mode: str, results: list[RequestResult], wa
             i for r in ok for i in r.late_chunk_indexes).items())},
         "error_messages": sorted({r.error for r in results if r.error})[:3],
     }
+    path = first_chunk_path(ok)
+    if path:
+        out["first_chunk_path_ms"] = path
     if GC_PAUSES.installed:
         out.update(GC_PAUSES.take())
     out.update(STEPS.take())
     out.update(extra or {})
     return out
+
+
+def first_chunk_path(results: list[RequestResult]) -> dict[str, float]:
+    """Where the time to the first chunk goes, leg by leg (p50 and p95 of each, ms; in-process runs only):
+    queue (waiting for an executor thread, validation), prompt (building it), admit (until Stage 0 hands it
+    to vLLM), first_frame (prefill and the steps to the first frame), decode (until Stage 1 has decoded the
+    first chunk) and delivery (until the consumer holds it). Legs' p95s do not add up to the total's."""
+    legs: dict[str, list[float]] = collections.defaultdict(list)
+    for r in results:
+        times = (r.submit_s, r.prompt_s, r.engine_admitted_s, r.engine_first_frame_s, r.engine_first_chunk_s,
+                 r.first_chunk_s)
+        if any(t is None for t in times):
+            continue
+        submit, prompt, admitted, frame, chunk, seen = times
+        for leg, value in (("queue", submit - prompt), ("prompt", prompt), ("admit", admitted),
+                           ("first_frame", frame - admitted), ("decode", chunk - frame),
+                           ("delivery", seen - submit - chunk)):
+            legs[leg].append(value)
+    return {f"{leg}_{q}": round(_pct(values, q) * 1000, 1) for leg, values in legs.items() for q in (50, 95)}
 
 
 class GcPauses:
@@ -307,6 +331,8 @@ async def _one_request(engine, request, t_level: float, prebuffer_s: float) -> R
                     result.engine_first_frame_s = m.first_frame_s
                     result.engine_first_chunk_s = m.first_chunk_s
                     result.submit_s = m.submitted_at - t0
+                    result.prompt_s = m.prompt_s
+                    result.engine_admitted_s = m.admitted_s
                     times = m.frame_times_s
                     result.frame_intervals_s = [b - a for a, b in zip(times, times[1:])]
     except Exception as exc:  # a failed request is counted, not fatal
