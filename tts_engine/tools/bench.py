@@ -48,7 +48,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import numpy as np
 
@@ -310,7 +310,7 @@ def make_request(args, index: int, voice=None):
     return SpeechRequest(**kw)
 
 
-async def _one_request(engine, request, t_level: float, prebuffer_s: float) -> RequestResult:
+async def _one_request(engine, request, t_level: float) -> "Heard":
     result = RequestResult(request_id="", submitted_s=time.perf_counter() - t_level)
     t0 = time.perf_counter()
     pieces: list[np.ndarray] = []
@@ -337,8 +337,7 @@ async def _one_request(engine, request, t_level: float, prebuffer_s: float) -> R
                     result.frame_intervals_s = [b - a for a, b in zip(times, times[1:])]
     except Exception as exc:  # a failed request is counted, not fatal
         result.error = f"{type(exc).__name__}: {exc}"
-        return result
-    return _listened(result, pieces, prebuffer_s, engine_chunks=True)
+    return result, pieces
 
 
 def _keep_details(args, row: dict, results: list[RequestResult]) -> None:
@@ -371,26 +370,35 @@ async def run_level(engine, args, level: int, voice=None, index0: int = 0, reque
                     ) -> tuple[list[RequestResult], float]:
     """Our engine in process at one level (see `run_arrivals`)."""
     def one(i: int, t_level: float):
-        return _one_request(engine, make_request(args, index0 + i, voice), t_level, args.prebuffer_ms / 1000)
+        return _one_request(engine, make_request(args, index0 + i, voice), t_level)
     GC_PAUSES.reset()
     STEPS.reset()
-    return await run_arrivals(args, level, one, requests)
+    return await run_arrivals(args, level, one, requests, engine_chunks=True)
 
 
-async def run_arrivals(args, level: int, one: Callable[[int, float], Any], requests: int | None = None,
-                       stream: int = 0) -> tuple[list[RequestResult], float]:
+# A request's result and the audio pieces it brought, not analysed yet (see `run_arrivals`).
+Heard = tuple[RequestResult, list[np.ndarray]]
+
+
+async def run_arrivals(args, level: int, one: Callable[[int, float], Awaitable[Heard]], requests: int | None = None,
+                       stream: int = 0, engine_chunks: bool = False) -> tuple[list[RequestResult], float]:
     """Closed loop (`level` streams, each starting its next request when one finishes) or Poisson
     arrivals (`level` requests per second); `one(i, t_level)` runs request i. `stream`: which of several
-    client processes sharing a level this is (each draws its own Poisson arrivals)."""
+    client processes sharing a level this is (each draws its own Poisson arrivals).
+
+    What each listener heard (`_listened`: first audible sample, underruns) is worked out after the level,
+    not as each request ends: it is milliseconds of CPU per request on the client's event loop, and at 64
+    streams finishing together it held other requests' chunks back by up to ~200 ms (p95), which the bench
+    then reported as their latency (BENCHMARKS.md, sixth pass)."""
     n = requests if requests is not None else (args.requests or max(2 * level, 4))
     t_level = time.perf_counter()
-    results: list[RequestResult] = []
+    heard: list[Heard] = []
     if args.arrival == "closed":
         counter = iter(range(n))
 
         async def worker():
             for i in counter:
-                results.append(await one(i, t_level))
+                heard.append(await one(i, t_level))
         await asyncio.gather(*(worker() for _ in range(min(level, n))))
     else:
         rng = random.Random(1234 + level + 100_003 * stream)
@@ -398,8 +406,10 @@ async def run_arrivals(args, level: int, one: Callable[[int, float], Any], reque
         for i in range(n):
             tasks.append(asyncio.ensure_future(one(i, t_level)))
             await asyncio.sleep(rng.expovariate(level))
-        results = list(await asyncio.gather(*tasks))
-    return results, time.perf_counter() - t_level
+        heard = list(await asyncio.gather(*tasks))
+    wall = time.perf_counter() - t_level
+    prebuffer_s = args.prebuffer_ms / 1000
+    return [_listened(r, pieces, prebuffer_s, engine_chunks) if r.error is None else r for r, pieces in heard], wall
 
 
 # rows of a run that are not load levels (component timings, the kernel profile): kept out of the tables
@@ -425,6 +435,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # a candidate (switched on): Stage 0's steps on a high-priority CUDA stream, ahead of Stage 1's kernels
     "stage0-high-priority": {"stage0_high_priority": True},
     "stage0-high-priority-calls-100": {"stage0_high_priority": True, "decoder_batch_frames": 100},
+    # a candidate (switched on): the interpreter hands the GIL on after 1 ms instead of 5 ms, so a thread back
+    # from a GPU wait (a prompt's read-back, a step's sync) waits less behind a busy one
+    "switch-interval-1ms": {"switch_interval_s": 0.001},
 }
 
 
@@ -494,6 +507,9 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
                 gc.freeze()
             else:
                 gc.unfreeze()
+        elif key == "switch_interval_s":
+            previous[key] = sys.getswitchinterval()
+            sys.setswitchinterval(value)
         elif key == "stage0_high_priority":
             previous[key] = engine.talker.high_priority
             engine.talker.set_high_priority(value)
@@ -1111,7 +1127,7 @@ async def bench_webrtc(args, report: Callable[[dict], None]) -> list[dict]:
 
 
 # ---- a running server over HTTP (client side) -------------------------------------------------------
-async def _url_request(client, args, url: str, i: int, t_level: float) -> RequestResult:
+async def _url_request(client, args, url: str, i: int, t_level: float) -> Heard:
     """One streaming `POST /v1/audio/speech` (raw PCM), timed where the bytes arrive."""
     result = RequestResult(request_id="", submitted_s=time.perf_counter() - t_level)
     body: dict[str, Any] = {"input": TEXTS[i % len(TEXTS)], "language": "english", "response_format": "pcm",
@@ -1127,7 +1143,7 @@ async def _url_request(client, args, url: str, i: int, t_level: float) -> Reques
         async with client.stream("POST", url + "/v1/audio/speech", json=body) as r:
             if r.status_code != 200:
                 result.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
-                return result
+                return result, pieces
             result.request_id = r.headers.get("x-request-id", "")
             result.replica = r.headers.get("x-tts-replica")
             async for part in r.aiter_raw():
@@ -1146,8 +1162,7 @@ async def _url_request(client, args, url: str, i: int, t_level: float) -> Reques
         result.frames = int(sum(p.size for p in pieces) / 1920)
     except Exception as exc:  # a failed request is counted, not fatal
         result.error = f"{type(exc).__name__}: {exc}"
-        return result
-    return _listened(result, pieces, args.prebuffer_ms / 1000)
+    return result, pieces
 
 
 async def _url_level(args, url: str, level: int, requests: int, index0: int = 0, stream: int = 0
