@@ -65,13 +65,13 @@ def test_end_to_end_tiny_fixed_frames(tmp_path):
     md = tmp_path / "bench.md"
     rc = main(["--demo", "tiny", "--demo-dir", str(tmp_path), "--concurrency", "1,2", "--frames", "12",
                "--requests", "2", "--warmup", "0", "--cold", "--keep-requests", "--json", str(out), "--markdown", str(md),
-               "--variants", "default,stage0-high-priority-calls-100", "--variant-levels", "1"])
+               "--variants", "default,decoder-calls-100-frames", "--variant-levels", "1"])
     assert rc == 0
     doc = json.loads(out.read_text())
     assert doc["environment"]["torch"] and doc["checkpoint"]["demo"] == "tiny"
     rows = doc["results"]
     assert [(r["name"], r["level"]) for r in rows] == [
-        ("ours/cold", 1), ("ours", 1), ("ours", 2), ("ours/stage0-high-priority-calls-100", 1)]
+        ("ours/cold", 1), ("ours", 1), ("ours", 2), ("ours/decoder-calls-100-frames", 1)]
     assert rows[0]["startup_warmup"] == "full" and rows[0]["startup_warmup_s"] > 0
     for row in rows:
         assert row["errors"] == 0 and row["requests"] == 2
@@ -82,7 +82,7 @@ def test_end_to_end_tiny_fixed_frames(tmp_path):
             assert request["audio_s"] == pytest.approx(12 * 0.08)
             assert sum(n for _, n in request["chunks"]) == 12 * 1920
     assert md.read_text().count("| ours |") == 2
-    assert rows[-1]["variant"] == "stage0-high-priority-calls-100"   # applied to the running engine and undone
+    assert rows[-1]["variant"] == "decoder-calls-100-frames"   # applied to the running engine and undone
     for row in rows:          # every leg of the first chunk's path was timed, in order, by the engine itself
         path = row["first_chunk_path_ms"]
         legs = ("queue", "prompt", "admit", "first_frame", "decode", "delivery")

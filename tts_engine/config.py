@@ -81,8 +81,6 @@ class TalkerStageConfig:
     enforce_eager: bool | None = None         # None: eager on CPU, CUDA graphs on GPU
     async_scheduling: bool = True             # vLLM prepares step t+1 while the GPU runs step t (GPU only:
                                               # vLLM turns it off on CPU); the hooks tolerate the one-step lag
-    high_priority_stream: bool = False        # steps on a high-priority CUDA stream, ahead of Stage 1's decode
-                                              # kernels on a shared GPU (bench variant stage0-high-priority)
     seed: int = 0
     processor: Callable = talker2code2wav_async_chunk   # the stage input processor (Stage 0 -> Stage 1)
     sampling: dict[str, Any] = field(default_factory=dict)   # default_sampling_params
@@ -174,8 +172,7 @@ _RUNTIME = {"devices": ((str, int), False), "max_batch_size": (int, False)}
 _TALKER_ARGS = {"model_stage": (str, True), "worker_type": (str, False), "engine_output_type": (str, False),
                 "custom_process_next_stage_input_func": (str, True), "gpu_memory_utilization": (float, False),
                 "max_model_len": (int, False), "max_num_seqs": (int, False), "kv_cache_gib": (float, False),
-                "enforce_eager": (bool, False), "async_scheduling": (bool, False),
-                "high_priority_stream": (bool, False)}
+                "enforce_eager": (bool, False), "async_scheduling": (bool, False)}
 _DECODER_ARGS = {"model_stage": (str, True), "worker_type": (str, False), "engine_output_type": (str, False),
                  "chunk_size": (int, False), "left_context_size": (int, False), "initial_chunk_size": (int, False),
                  "chunk_growth": (int, False), "initial_chunk_repeats": (int, False), "decode_mode": (str, False),
@@ -342,7 +339,6 @@ def parse_stage_config(data: Any, where: str = "<stage config>") -> StageConfig:
         gpu_memory_utilization=float(utilization), kv_cache_gib=a0.get("kv_cache_gib", t.kv_cache_gib),
         enforce_eager=a0.get("enforce_eager", t.enforce_eager),
         async_scheduling=a0.get("async_scheduling", t.async_scheduling),
-        high_priority_stream=a0.get("high_priority_stream", t.high_priority_stream),
         processor=_import_processor(where, p0 + "engine_args.custom_process_next_stage_input_func",
                                     a0["custom_process_next_stage_input_func"]),
         sampling=sampling)

@@ -84,7 +84,7 @@ class TalkerStage:
     """Owns the vLLM talker engine and its stepping thread."""
 
     def __init__(self, engine: TalkerEngine, config: Qwen3TTSConfig, device: torch.device,
-                 on_death: Callable[[BaseException], None] | None = None, high_priority: bool = False):
+                 on_death: Callable[[BaseException], None] | None = None):
         self.engine = engine
         self.config = config
         self.device = device
@@ -107,12 +107,6 @@ class TalkerStage:
         self._commands: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self.step_log = StepLog()
-        # The CUDA stream this thread's steps run on (vLLM launches on the thread's current stream): one of
-        # high priority lets the talker's small kernels go ahead of Stage 1's large decode calls on a shared
-        # GPU, where a step otherwise waits for SMs the decoder holds (BENCHMARKS.md, "sixth pass").
-        self._step_streams = {high: torch.cuda.Stream(device, priority=-1 if high else 0)
-                              for high in (False, True)} if device.type == "cuda" else {}
-        self.high_priority = high_priority
         if self.device.type == "cuda" and not engine.enforce_eager:
             # One graph per batch bucket up to the engine's batch limit, captured before serving.
             self.model.code_predictor.enable_cuda_graphs(engine.max_num_seqs)
@@ -136,12 +130,6 @@ class TalkerStage:
         if not done.wait(timeout):
             raise TimeoutError("Stage 0 did not reach the barrier")
 
-    def set_high_priority(self, on: bool, timeout: float = 30.0) -> None:
-        """Switch the steps' stream between high and normal priority (a no-op off CUDA); returns once the
-        stepping thread has switched, so a bench level after it runs entirely on the new stream."""
-        self._commands.put(("priority", on))
-        self.barrier(timeout)
-
     def close(self) -> None:
         self._stop.set()
         self._commands.put(("wake", None))
@@ -156,17 +144,7 @@ class TalkerStage:
         return self._thread.alive
 
     # ---- stepping thread -------------------------------------------------------------------------
-    def _use_step_stream(self) -> None:
-        """Make this thread's current stream the one of `high_priority` (torch.cuda.set_stream, which vLLM
-        wraps to track the thread's stream). Called on the stepping thread only; before a switch, the work
-        queued on the old stream finishes, so no tensor is still in use there when the new one takes over."""
-        if not self._step_streams:
-            return
-        torch.cuda.current_stream(self.device).synchronize()
-        torch.cuda.set_stream(self._step_streams[self.high_priority])
-
     def _run(self) -> None:
-        self._use_step_stream()
         while not self._stop.is_set():
             block = not self.engine.has_unfinished()
             try:
@@ -220,9 +198,6 @@ class TalkerStage:
                 state.on_admitted()
         elif cmd == "barrier":
             arg.set()
-        elif cmd == "priority":
-            self.high_priority = bool(arg)
-            self._use_step_stream()
         elif cmd == "abort":
             state = self._by_id.get(arg)
             if state is not None:

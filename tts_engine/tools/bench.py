@@ -432,12 +432,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "first-chunk-once": {"initial_chunk_repeats": 1},                  # 1, 2, 4, ...: chunk 2 takes twice the steps
     # a candidate (switched on): shorter Stage 1 calls (4 x 25 frames, not 16 x 25)
     "decoder-calls-100-frames": {"decoder_batch_frames": 100},
-    # a candidate (switched on): Stage 0's steps on a high-priority CUDA stream, ahead of Stage 1's kernels
-    "stage0-high-priority": {"stage0_high_priority": True},
-    "stage0-high-priority-calls-100": {"stage0_high_priority": True, "decoder_batch_frames": 100},
-    # a candidate (switched on): the interpreter hands the GIL on after 1 ms instead of 5 ms, so a thread back
-    # from a GPU wait (a prompt's read-back, a step's sync) waits less behind a busy one
-    "switch-interval-1ms": {"switch_interval_s": 0.001},
 }
 
 
@@ -507,12 +501,6 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
                 gc.freeze()
             else:
                 gc.unfreeze()
-        elif key == "switch_interval_s":
-            previous[key] = sys.getswitchinterval()
-            sys.setswitchinterval(value)
-        elif key == "stage0_high_priority":
-            previous[key] = engine.talker.high_priority
-            engine.talker.set_high_priority(value)
         elif key == "decoder_batch_frames":
             # streams x new frames per Stage 1 call; the captured graphs (powers of two) cover smaller batches.
             # The pipeline's limit is a DecoderStageConfig's bound `batch_limit`: swap in one with this value.
