@@ -25,7 +25,7 @@ from tts_engine.hub import resolve_model
 from tts_engine.models.qwen3_tts.cloner import VoiceCloner
 from tts_engine.models.qwen3_tts.codec_decoder import Code2WavDecoder
 from tts_engine.models.qwen3_tts.config import CheckpointError, Qwen3TTSConfig, load_config, read_json
-from tts_engine.models.qwen3_tts.prompt import PromptBuilder, PromptInputs, TextEmbedder
+from tts_engine.models.qwen3_tts.prompt import PromptBuilder, PromptInputs, TalkerPrompt, TextEmbedder
 from tts_engine.models.qwen3_tts.sampling import RowSampling
 from tts_engine.models.qwen3_tts.weights import validate_checkpoint_weights
 from tts_engine.processors.qwen3_tts import ChunkConnector
@@ -41,6 +41,7 @@ from tts_engine.request import (
     VoicePrompt,
     resolve_language,
 )
+from tts_engine.stages.combiner import Combiner
 from tts_engine.stages.decoder import AsyncDecodingPipeline
 from tts_engine.stages.route import Route
 from tts_engine.stages.talker import MIN_NEW_TOKENS, TalkerSampling, TalkerStage
@@ -83,6 +84,8 @@ class TTSEngine:
             config, lambda s: self.tokenizer(s)["input_ids"], self.text_embedder,
             codec_embed=embed_tokens,
             frame_embed=lambda codes: model.code_predictor.embed_codes(codes, embed_tokens.weight))
+        # prompts of requests arriving together are built in one pass, with one read-back (stages/combiner.py)
+        self.prompt_combiner: Combiner[PromptInputs, TalkerPrompt] = Combiner(self.prompts.build_many)
         self.decoder = Code2WavDecoder.from_folder(config.path / "speech_tokenizer", device=self.decoder_device,
                                                    dtype=torch.float32)
         self.cloner = VoiceCloner(config, self.device) if config.model_type == "base" else None
@@ -163,7 +166,7 @@ class TTSEngine:
             raise EngineClosed(f"the engine stopped working ({self.health()['error']}); it must be restarted")
         prompt_inputs, voice = self._prompt_inputs(request)
         started = time.perf_counter()
-        prompt = self.prompts.build(prompt_inputs)
+        prompt = self.prompt_combiner.run(prompt_inputs)
         prompt_s = time.perf_counter() - started
         positions, limit = prompt.prefill.shape[0], self.talker_engine.max_model_len
         if positions >= limit:

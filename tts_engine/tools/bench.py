@@ -429,6 +429,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "prompt-default-stream": {"prompt_stream": False},                 # prompts built on the steps' stream
     "gc-unfrozen": {"gc_frozen": False},                               # no gc.freeze() after the warm-up
     "prompt-uncached": {"prompt_cache": False},                        # every prompt embeds its constant parts
+    "prompts-one-by-one": {"prompt_combine": False},                   # each request builds and reads back its own
     "first-chunk-once": {"initial_chunk_repeats": 1},                  # 1, 2, 4, ...: chunk 2 takes twice the steps
     # a candidate (switched on): shorter Stage 1 calls (4 x 25 frames, not 16 x 25)
     "decoder-calls-100-frames": {"decoder_batch_frames": 100},
@@ -491,6 +492,9 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
                 prompts._own_stream, prompts.stream = prompts.stream, None
             elif prompts.stream is None:
                 prompts.stream = getattr(prompts, "_own_stream", None)
+        elif key == "prompt_combine":
+            previous[key] = engine.prompt_combiner.combine
+            engine.prompt_combiner.combine = value
         elif key == "prompt_cache":
             previous[key] = engine.prompts.cache_constants
             engine.prompts.cache_constants = value
