@@ -21,4 +21,4 @@ def test_resized_sets_every_deployment_and_still_validates():
         config = yaml.safe_load((ROOT / "configs" / name).read_text())
         schema = ServeDeploySchema.model_validate(serve_scale.resized(config, 1))
         (app,) = schema.applications
-        assert [d["num_replicas"] for d in app.deployments] == [1] * len(app.deployments) and app.deployments
+        assert [d.num_replicas for d in app.deployments] == [1] * len(app.deployments) and app.deployments
