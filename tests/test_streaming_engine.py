@@ -215,3 +215,31 @@ def test_overlapping_requests_stream_exactly_their_reported_tokens(engine, voice
     check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(check)
     assert check.overlapping_requests(engine, {"voice": voices["a_xvec"]}, 6) == []
+
+
+def test_a_burst_of_requests_builds_its_prompts_together(engine, voices, monkeypatch):
+    """Requests arriving together each get a submit thread (up to the engine's batch; asyncio's default
+    executor has 6 on 2 cores) and so reach the prompt combiner together: a burst of 8 is built in two
+    passes (the first arrival's, then everyone who came meanwhile), and streams as it does alone."""
+    import time
+
+    build_many, sizes = engine.prompts.build_many, []
+
+    def slow_build_many(inputs):          # a slow read-back, as on a busy GPU: arrivals pile up behind it
+        sizes.append(len(inputs))
+        time.sleep(0.1)
+        return build_many(inputs)
+    monkeypatch.setattr(engine.prompt_combiner, "_batch_call", slow_build_many)
+    requests = [SpeechRequest(text=f"Request number {i}.", voice=voices["a_xvec"], max_new_tokens=4, **GREEDY)
+                for i in range(8)]
+
+    async def codes(r):
+        return np.concatenate([c.codec_codes for c in [c async for c in engine.generate(r)] if _frames(c)])
+
+    async def burst():
+        return await asyncio.gather(*(codes(r) for r in requests))
+    together = asyncio.run(burst())
+    assert sum(sizes) == 8 and len(sizes) <= 2, sizes
+    monkeypatch.undo()
+    for r, got in zip(requests, together):
+        assert np.array_equal(asyncio.run(codes(r)), got)
