@@ -7,6 +7,7 @@ too); the engine's stage queues are read when scraped by a collector bound to th
 |---|---|---|---|
 | `tts_time_to_first_audio_seconds` | histogram | transport | engine request start -> first audio chunk |
 | `tts_real_time_factor` | histogram | transport | synthesis time / audio duration, per finished request |
+| `tts_first_audio_leg_seconds` | histogram | leg | the engine's time to first audio by leg, per finished request (below) |
 | `tts_active_streams` | gauge | transport | engine requests being streamed now |
 | `tts_requests_total` | counter | transport, outcome | finished engine requests: completed, aborted, failed |
 | `tts_frames_total` | counter | transport | codec frames produced (12.5 per second of audio) |
@@ -18,7 +19,9 @@ too); the engine's stage queues are read when scraped by a collector bound to th
 | `tts_stage_queue_depth` | gauge | stage | commands waiting in each stage's queue (talker, decoder) |
 | `tts_stage_active_requests` | gauge | stage | requests each stage holds (talker, decoder) |
 
-`transport` is `http` (file or byte stream), `sse`, `websocket` or `webrtc`.
+`transport` is `http` (file or byte stream), `sse`, `websocket` or `webrtc`. The legs: `prompt` (building the
+prompt), `admit` (until Stage 0 gave the request to vLLM), `first_frame` (prefill and steps), `decode` (Stage 1,
+until the first chunk); waiting for a submit thread and the transport's own delivery are not in them.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ TTFA = Histogram("tts_time_to_first_audio_seconds", "Time from an engine request
                  ["transport"], buckets=(0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10))
 RTF = Histogram("tts_real_time_factor", "Synthesis time divided by audio duration, per finished request.",
                 ["transport"], buckets=(0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10))
+LEGS = Histogram("tts_first_audio_leg_seconds", "Where the engine's time to first audio went, per finished request.",
+                 ["leg"], buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 1, 2.5))
 ACTIVE = Gauge("tts_active_streams", "Engine requests being streamed now.", ["transport"])
 REQUESTS = Counter("tts_requests", "Finished engine requests by outcome.", ["transport", "outcome"])
 FRAMES = Counter("tts_frames", "Codec frames produced.", ["transport"])
@@ -84,8 +89,11 @@ class InstrumentedStream:
         if chunk.codec_codes is not None:
             FRAMES.labels(self.transport).inc(len(chunk.codec_codes))
         if chunk.is_finished:
-            if chunk.metrics is not None and chunk.metrics.real_time_factor:
-                RTF.labels(self.transport).observe(chunk.metrics.real_time_factor)
+            if chunk.metrics is not None:
+                if chunk.metrics.real_time_factor:
+                    RTF.labels(self.transport).observe(chunk.metrics.real_time_factor)
+                for leg, seconds in first_audio_legs(chunk.metrics).items():
+                    LEGS.labels(leg).observe(seconds)
             self._end("completed")
         return chunk
 
@@ -98,6 +106,15 @@ class InstrumentedStream:
             self._open = False
             ACTIVE.labels(self.transport).dec()
             REQUESTS.labels(self.transport, outcome).inc()
+
+
+def first_audio_legs(m) -> dict[str, float]:
+    """The legs of a request's time to first audio that the engine timed (`RequestMetrics`); a leg whose ends
+    were not both recorded (a request that failed early, one with no audio) is left out."""
+    ends = {"prompt": (0.0, m.prompt_s), "admit": (0.0, m.admitted_s),
+            "first_frame": (m.admitted_s, m.first_frame_s), "decode": (m.first_frame_s, m.first_chunk_s)}
+    return {leg: end - start for leg, (start, end) in ends.items()
+            if start is not None and end is not None and end >= start}
 
 
 def instrument(stream: AsyncIterator, transport: str) -> InstrumentedStream:
