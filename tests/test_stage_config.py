@@ -61,6 +61,8 @@ def _write(tmp_path, edit, base: str = "qwen3_tts.yaml") -> Path:
     (lambda d: d.pop("async_chunk"), "key 'async_chunk' is missing"),
     (lambda d: d["stage_args"][0]["engine_args"].update(async_scheduling="yes"), "async_scheduling' must be bool"),
     (lambda d: d["stage_args"][1]["engine_args"].update(initial_chunk_repeats=0), "initial_chunk_repeats' must be >= 1"),
+    (lambda d: d["stage_args"][0]["engine_args"].update(cudagraph_mode="ALL"), "cudagraph_mode' must be one of"),
+    (lambda d: d["stage_args"][0]["engine_args"].update(cudagraph_max_tokens=0), "cudagraph_max_tokens' must be >= 1"),
 ])
 def test_invalid_configs_name_file_and_key(tmp_path, edit, message):
     path = _write(tmp_path, edit)
@@ -168,6 +170,20 @@ def test_the_model_key_is_read(tmp_path):
     assert load_stage_config(path).model == str(missing)
     with pytest.raises(CheckpointError, match="no-such-checkpoint"):
         TTSEngine.from_pretrained(stage_config=path)
+
+
+def test_talker_graph_settings_reach_vllm_only_where_they_differ(tmp_path):
+    from tts_engine.stages.vllm_bridge import _graph_args
+
+    default = load_stage_config(CONFIGS / "qwen3_tts.yaml").talker
+    assert (default.cudagraph_mode, default.cudagraph_max_tokens) == ("FULL_AND_PIECEWISE", None)
+    path = _write(tmp_path, lambda d: d["stage_args"][0]["engine_args"].update(cudagraph_mode="FULL",
+                                                                               cudagraph_max_tokens=512))
+    talker = load_stage_config(path).talker
+    assert _graph_args(False, talker.cudagraph_mode, talker.cudagraph_max_tokens) == {
+        "compilation_config": {"cudagraph_mode": "FULL", "max_cudagraph_capture_size": 512}}
+    assert _graph_args(False, default.cudagraph_mode, default.cudagraph_max_tokens) == {}   # vLLM's own defaults
+    assert _graph_args(True, "FULL", 512) == {}                                            # eager: no graphs
 
 
 def test_async_scheduling_is_on_by_default_and_can_be_switched_off(tmp_path):

@@ -81,6 +81,11 @@ class TalkerStageConfig:
     enforce_eager: bool | None = None         # None: eager on CPU, CUDA graphs on GPU
     async_scheduling: bool = True             # vLLM prepares step t+1 while the GPU runs step t (GPU only:
                                               # vLLM turns it off on CPU); the hooks tolerate the one-step lag
+    cudagraph_mode: str = "FULL_AND_PIECEWISE"  # vLLM's: full graphs for decode-only steps, piecewise (attention
+                                              # eager) for steps a prefill joins; FULL: full graphs for those too
+                                              # (FlashAttention 3: the H100/H200); ignored when eager
+    cudagraph_max_tokens: int | None = None   # tokens of the largest step run from a graph (None: vLLM's choice,
+                                              # 2 x max_num_seqs; a longer step runs without graphs)
     seed: int = 0
     processor: Callable = talker2code2wav_async_chunk   # the stage input processor (Stage 0 -> Stage 1)
     sampling: dict[str, Any] = field(default_factory=dict)   # default_sampling_params
@@ -163,6 +168,16 @@ class StageConfig:
         return config
 
 
+CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+
+
+def _cudagraph_mode(where: str, prefix: str, mode: str) -> str:
+    if mode not in CUDAGRAPH_MODES:
+        raise StageConfigError(f"{where}: '{prefix}engine_args.cudagraph_mode' must be one of {list(CUDAGRAPH_MODES)}, "
+                               f"got {mode!r}")
+    return mode
+
+
 # key -> (type(s), required)
 _TOP = {"async_chunk": (bool, True), "model": (str, False), "stage_args": (list, True)}
 _STAGE = {"stage_id": (int, True), "stage_type": (str, False), "runtime": (dict, False),
@@ -172,7 +187,8 @@ _RUNTIME = {"devices": ((str, int), False), "max_batch_size": (int, False)}
 _TALKER_ARGS = {"model_stage": (str, True), "worker_type": (str, False), "engine_output_type": (str, False),
                 "custom_process_next_stage_input_func": (str, True), "gpu_memory_utilization": (float, False),
                 "max_model_len": (int, False), "max_num_seqs": (int, False), "kv_cache_gib": (float, False),
-                "enforce_eager": (bool, False), "async_scheduling": (bool, False)}
+                "enforce_eager": (bool, False), "async_scheduling": (bool, False),
+                "cudagraph_mode": (str, False), "cudagraph_max_tokens": (int, False)}
 _DECODER_ARGS = {"model_stage": (str, True), "worker_type": (str, False), "engine_output_type": (str, False),
                  "chunk_size": (int, False), "left_context_size": (int, False), "initial_chunk_size": (int, False),
                  "chunk_growth": (int, False), "initial_chunk_repeats": (int, False), "decode_mode": (str, False),
@@ -339,6 +355,8 @@ def parse_stage_config(data: Any, where: str = "<stage config>") -> StageConfig:
         gpu_memory_utilization=float(utilization), kv_cache_gib=a0.get("kv_cache_gib", t.kv_cache_gib),
         enforce_eager=a0.get("enforce_eager", t.enforce_eager),
         async_scheduling=a0.get("async_scheduling", t.async_scheduling),
+        cudagraph_mode=_cudagraph_mode(where, p0, a0.get("cudagraph_mode", t.cudagraph_mode)),
+        cudagraph_max_tokens=positive(p0 + "engine_args.", a0, "cudagraph_max_tokens", t.cudagraph_max_tokens),
         processor=_import_processor(where, p0 + "engine_args.custom_process_next_stage_input_func",
                                     a0["custom_process_next_stage_input_func"]),
         sampling=sampling)

@@ -77,7 +77,8 @@ class TTSEngine:
             device=self.device.type, max_num_seqs=t.max_num_seqs, max_model_len=t.max_model_len,
             gpu_memory_utilization=t.gpu_memory_utilization, kv_cache_gib=t.kv_cache_gib,
             enforce_eager=t.enforce_eager if t.enforce_eager is not None else self.device.type == "cpu",
-            async_scheduling=t.async_scheduling, seed=t.seed)
+            async_scheduling=t.async_scheduling, seed=t.seed, cudagraph_mode=t.cudagraph_mode,
+            cudagraph_max_tokens=t.cudagraph_max_tokens)
         model = self.talker_engine.model
         self.text_embedder = TextEmbedder.from_checkpoint(config, self.device, dtype)
         embed_tokens = model.model.embed_tokens

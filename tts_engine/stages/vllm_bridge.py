@@ -165,6 +165,17 @@ def derived_model_folder(checkpoint: Path, talker_config: dict, dtype: torch.dty
     return folder
 
 
+def _graph_args(enforce_eager: bool, mode: str, max_tokens: int | None) -> dict:
+    """vLLM's compilation settings for the talker's CUDA graphs, only where they differ from vLLM's own (an
+    eager engine has no graphs to set)."""
+    if enforce_eager or (mode == "FULL_AND_PIECEWISE" and max_tokens is None):
+        return {}
+    config: dict = {"cudagraph_mode": mode}
+    if max_tokens is not None:
+        config["max_cudagraph_capture_size"] = max_tokens
+    return {"compilation_config": config}
+
+
 @dataclass
 class StepOutput:
     request_id: str      # the id given to add() (vLLM reports external ids)
@@ -178,7 +189,8 @@ class TalkerEngine:
 
     def __init__(self, checkpoint: Path, talker_config: dict, *, dtype: torch.dtype, device: str,
                  max_num_seqs: int, max_model_len: int, gpu_memory_utilization: float,
-                 kv_cache_gib: float | None, enforce_eager: bool, async_scheduling: bool = True, seed: int = 0):
+                 kv_cache_gib: float | None, enforce_eager: bool, async_scheduling: bool = True, seed: int = 0,
+                 cudagraph_mode: str = "FULL_AND_PIECEWISE", cudagraph_max_tokens: int | None = None):
         check_vllm_version()
         configure_environment()
         from vllm.engine.arg_utils import EngineArgs
@@ -192,6 +204,7 @@ class TalkerEngine:
             enforce_eager=enforce_eager, enable_prefix_caching=False, gpu_memory_utilization=gpu_memory_utilization,
             seed=seed, disable_log_stats=True, async_scheduling=async_scheduling,
             kv_cache_memory_bytes=int(kv_cache_gib * 2**30) if kv_cache_gib else None,
+            **_graph_args(enforce_eager, cudagraph_mode, cudagraph_max_tokens),
         )
         self.engine = LLMEngine.from_engine_args(args)
         self.runner = self.engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
@@ -206,6 +219,9 @@ class TalkerEngine:
         # What vLLM settled on (it turns async scheduling off on CPU): with it on, step() launches step t+1
         # before it returns step t's outputs, so the decode hook has already run for every token it reports.
         self.async_scheduling = bool(self.engine.vllm_config.scheduler_config.async_scheduling)
+        compilation = self.engine.vllm_config.compilation_config
+        self.cudagraph_mode = str(getattr(compilation.cudagraph_mode, "name", compilation.cudagraph_mode))
+        self.cudagraph_max_tokens = compilation.max_cudagraph_capture_size
         self._check_capacity(max_num_seqs, max_model_len)
 
     def _check_capacity(self, max_num_seqs: int, max_model_len: int) -> None:

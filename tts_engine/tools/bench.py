@@ -441,6 +441,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
 # `--engine-variant NAME` starts the engine with these stage-config overrides and names its rows after it.
 ENGINE_VARIANTS: dict[str, dict[str, Any]] = {
     "sync-scheduling": {"async_scheduling": False},    # vLLM schedules step t+1 only after step t's outputs
+    # a candidate (switched on): steps a prefill joins replayed as full CUDA graphs too, up to 512 tokens
+    "talker-full-graphs": {"cudagraph_mode": "FULL", "cudagraph_max_tokens": 512},
 }
 
 
@@ -660,7 +662,9 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
     info = {"engine_startup_s": round(startup_s, 1), "predictor_graphs": graphs is not None,
             "predictor_compiled": bool(graphs is not None and graphs.compiled),
             "decoder_graphs": engine.decoder._graphs is not None,
-            "async_scheduling": engine.talker_engine.async_scheduling}
+            "async_scheduling": engine.talker_engine.async_scheduling,
+            "cudagraph_mode": engine.talker_engine.cudagraph_mode,
+            "cudagraph_max_tokens": engine.talker_engine.cudagraph_max_tokens}
     if args.engine_variant:
         info["engine_variant"] = args.engine_variant
     voice = None
