@@ -20,9 +20,9 @@ KERNEL_PROFILE=${KERNEL_PROFILE:-3} SINGLE=0 CLOSED=${CLOSED:-64} CONCURRENCY=${
   VARIANTS=${VARIANTS:-default} VARIANT_LEVELS=${VARIANT_LEVELS:-1} T_MAIN=${T_MAIN:-300} \
   bash scripts/gpu_load_bench.sh
 python3 -c "
-import json; d = json.load(open('$OUT/load_full.json'))
+import json; d = json.load(open('$OUT/load_full${ENGINE_VARIANT:+_$ENGINE_VARIANT}.json'))
 for r in d['results']:
     keys = ('name', 'level', 'mode', 'variant', 'underruns_by_chunk', 'steps', 'step_ms_p50', 'step_ms_p95',
-            'step_ms_p95_joined', 'step_ms_p95_not_joined', 'steps_joined_pct', 'first_chunk_path_ms',
+            'step_ms_p95_joined', 'step_ms_p95_not_joined', 'steps_joined_pct', 'first_chunk_path_ms', 'cudagraph_mode',
             'idle_ms_per_frame_by_gap')
     print({k: r[k] for k in keys if r.get(k) is not None})"
