@@ -176,14 +176,15 @@ def test_talker_graph_settings_reach_vllm_only_where_they_differ(tmp_path):
     from tts_engine.stages.vllm_bridge import _graph_args
 
     default = load_stage_config(CONFIGS / "qwen3_tts.yaml").talker
-    assert (default.cudagraph_mode, default.cudagraph_max_tokens) == ("FULL_AND_PIECEWISE", None)
-    path = _write(tmp_path, lambda d: d["stage_args"][0]["engine_args"].update(cudagraph_mode="FULL",
-                                                                               cudagraph_max_tokens=512))
-    talker = load_stage_config(path).talker
-    assert _graph_args(False, talker.cudagraph_mode, talker.cudagraph_max_tokens) == {
+    assert (default.cudagraph_mode, default.cudagraph_max_tokens) == ("FULL", 512)
+    assert _graph_args(False, default.cudagraph_mode, default.cudagraph_max_tokens) == {
         "compilation_config": {"cudagraph_mode": "FULL", "max_cudagraph_capture_size": 512}}
-    assert _graph_args(False, default.cudagraph_mode, default.cudagraph_max_tokens) == {}   # vLLM's own defaults
-    assert _graph_args(True, "FULL", 512) == {}                                            # eager: no graphs
+    path = _write(tmp_path, lambda d: d["stage_args"][0]["engine_args"].update(cudagraph_mode="FULL_AND_PIECEWISE"))
+    talker = load_stage_config(path).talker
+    assert _graph_args(False, talker.cudagraph_mode, None) == {}              # vLLM's own settings: nothing to pass
+    assert _graph_args(False, talker.cudagraph_mode, 256) == {
+        "compilation_config": {"cudagraph_mode": "FULL_AND_PIECEWISE", "max_cudagraph_capture_size": 256}}
+    assert _graph_args(True, "FULL", 512) == {}                               # eager: no graphs
 
 
 def test_async_scheduling_is_on_by_default_and_can_be_switched_off(tmp_path):

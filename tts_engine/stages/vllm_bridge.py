@@ -166,8 +166,8 @@ def derived_model_folder(checkpoint: Path, talker_config: dict, dtype: torch.dty
 
 
 def _graph_args(enforce_eager: bool, mode: str, max_tokens: int | None) -> dict:
-    """vLLM's compilation settings for the talker's CUDA graphs, only where they differ from vLLM's own (an
-    eager engine has no graphs to set)."""
+    """vLLM's compilation settings for the talker's CUDA graphs, left out where they are vLLM's own (an eager
+    engine has no graphs to set)."""
     if enforce_eager or (mode == "FULL_AND_PIECEWISE" and max_tokens is None):
         return {}
     config: dict = {"cudagraph_mode": mode}

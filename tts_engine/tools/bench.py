@@ -441,8 +441,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
 # `--engine-variant NAME` starts the engine with these stage-config overrides and names its rows after it.
 ENGINE_VARIANTS: dict[str, dict[str, Any]] = {
     "sync-scheduling": {"async_scheduling": False},    # vLLM schedules step t+1 only after step t's outputs
-    # a candidate (switched on): steps a prefill joins replayed as full CUDA graphs too, up to 512 tokens
-    "talker-full-graphs": {"cudagraph_mode": "FULL", "cudagraph_max_tokens": 512},
+    # vLLM's own graphs: full graphs for decode-only steps only (a step a prefill joins runs piecewise, attention
+    # eager) and up to 2 x max_num_seqs tokens
+    "talker-piecewise-graphs": {"cudagraph_mode": "FULL_AND_PIECEWISE", "cudagraph_max_tokens": None},
 }
 
 
