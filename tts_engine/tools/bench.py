@@ -189,7 +189,7 @@ def summarize(name: str, level: int, mode: str, results: list[RequestResult], wa
 
 def first_chunk_path(results: list[RequestResult]) -> dict[str, float]:
     """Where the time to the first chunk goes, leg by leg (p50 and p95 of each, ms; in-process runs only):
-    queue (waiting for an executor thread, validation), prompt (building it), admit (until Stage 0 hands it
+    queue (waiting for a submit thread, validation), prompt (building it), admit (until Stage 0 hands it
     to vLLM), first_frame (prefill and the steps to the first frame), decode (until Stage 1 has decoded the
     first chunk) and delivery (until the consumer holds it). Legs' p95s do not add up to the total's."""
     legs: dict[str, list[float]] = collections.defaultdict(list)
@@ -310,7 +310,7 @@ def make_request(args, index: int, voice=None):
     return SpeechRequest(**kw)
 
 
-async def _one_request(engine, request, t_level: float) -> "Heard":
+async def _one_request(engine, request, t_level: float) -> Heard:
     result = RequestResult(request_id="", submitted_s=time.perf_counter() - t_level)
     t0 = time.perf_counter()
     pieces: list[np.ndarray] = []
