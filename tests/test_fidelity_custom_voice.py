@@ -36,27 +36,6 @@ def test_dialect_changes_the_prompt(engine):
     assert engine.prompts.language_id("english", "eric") == engine.config.talker.languages["english"]
 
 
-def test_prompts_built_together_equal_prompts_built_alone(engine):
-    """The engine builds the prompts of requests arriving together in one pass (`build_many`, one read-back):
-    each must be the prompt it would be alone, and one that cannot be built fails alone."""
-    import torch
-
-    from tts_engine.models.qwen3_tts.prompt import PromptInputs
-    inputs = [PromptInputs(text="Hello there.", language="english", speaker="ryan"),
-              PromptInputs(text="A longer sentence, with a comma.", language="auto", speaker="eric",
-                           instruct="Speak slowly."),
-              PromptInputs(text="Nobody speaks this.", language="english", speaker="nobody"),
-              PromptInputs(text="Non-streaming text.", language="chinese", speaker="dylan", non_streaming_mode=True)]
-    together = engine.prompts.build_many(inputs)
-    assert isinstance(together[2], KeyError)
-    for p, built in zip(inputs, together):
-        if p.speaker == "nobody":
-            continue
-        alone = engine.prompts.build(p)
-        for name in ("prefill", "trailing", "tts_pad"):
-            assert torch.equal(getattr(built, name), getattr(alone, name)), name
-
-
 @pytest.mark.parametrize("request_kwargs, message", [
     (dict(text="Hi", speaker="nobody"), "unknown speaker 'nobody'"),
     (dict(text="Hi", speaker="ryan", language="klingon"), "unsupported language 'klingon'"),

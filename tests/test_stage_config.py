@@ -185,6 +185,11 @@ def test_talker_graph_settings_reach_vllm_only_where_they_differ(tmp_path):
     assert _graph_args(False, talker.cudagraph_mode, 256) == {
         "compilation_config": {"cudagraph_mode": "FULL_AND_PIECEWISE", "max_cudagraph_capture_size": 256}}
     assert _graph_args(True, "FULL", 512) == {}                               # eager: no graphs
+    vllm_own = _write(tmp_path, lambda d: d["stage_args"][0]["engine_args"].update(
+        cudagraph_mode="FULL_AND_PIECEWISE", cudagraph_max_tokens=None))       # YAML null: vLLM's own size
+    assert load_stage_config(vllm_own).talker.cudagraph_max_tokens is None
+    with pytest.raises(StageConfigError, match="cudagraph_mode' must be one of"):
+        engine_settings(CONFIGS / "qwen3_tts.yaml", cudagraph_mode="full")
 
 
 def test_async_scheduling_is_on_by_default_and_can_be_switched_off(tmp_path):

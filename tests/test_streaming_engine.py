@@ -157,6 +157,33 @@ def test_abort_mid_stream_frees_every_buffer(engine, voices):
     assert engine.connector.code_prompt_token_ids == {}
 
 
+def test_a_caller_that_gives_up_while_its_request_is_submitted_leaves_nothing_running(engine, voices, monkeypatch):
+    """Cancelled while the submit ran on its executor thread (a slow prompt build here), the request must
+    not run on to its end with nobody reading it: the engine aborts it once it is in."""
+    import time
+
+    build = engine.prompts.build
+
+    def slow_build(inputs):
+        time.sleep(0.3)
+        return build(inputs)
+    monkeypatch.setattr(engine.prompts, "build", slow_build)
+    request = SpeechRequest(text="Nobody will hear this. " * 4, voice=voices["a_xvec"], max_new_tokens=200, **GREEDY)
+
+    async def give_up():
+        task = asyncio.ensure_future(engine.generate(request, request_id="given-up").__anext__())
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.5)            # the submit thread finishes its build and submits
+    asyncio.run(give_up())
+    engine.drain()
+    state = engine.debug_state()
+    assert all("given-up" not in ids for ids in state.values()), state
+    assert engine.talker_engine.has_unfinished() is False
+
+
 def test_batch_config_produces_the_same_audio(engine, voices):
     request = SpeechRequest(text="Batch versus streaming.", voice=voices["a_icl"], max_new_tokens=40, **GREEDY)
     streaming = engine.synthesize(request)
@@ -215,31 +242,3 @@ def test_overlapping_requests_stream_exactly_their_reported_tokens(engine, voice
     check = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(check)
     assert check.overlapping_requests(engine, {"voice": voices["a_xvec"]}, 6) == []
-
-
-def test_a_burst_of_requests_builds_its_prompts_together(engine, voices, monkeypatch):
-    """Requests arriving together each get a submit thread (up to the engine's batch; asyncio's default
-    executor has 6 on 2 cores) and so reach the prompt combiner together: a burst of 8 is built in two
-    passes (the first arrival's, then everyone who came meanwhile), and streams as it does alone."""
-    import time
-
-    build_many, sizes = engine.prompts.build_many, []
-
-    def slow_build_many(inputs):          # a slow read-back, as on a busy GPU: arrivals pile up behind it
-        sizes.append(len(inputs))
-        time.sleep(0.1)
-        return build_many(inputs)
-    monkeypatch.setattr(engine.prompt_combiner, "_batch_call", slow_build_many)
-    requests = [SpeechRequest(text=f"Request number {i}.", voice=voices["a_xvec"], max_new_tokens=4, **GREEDY)
-                for i in range(8)]
-
-    async def codes(r):
-        return np.concatenate([c.codec_codes for c in [c async for c in engine.generate(r)] if _frames(c)])
-
-    async def burst():
-        return await asyncio.gather(*(codes(r) for r in requests))
-    together = asyncio.run(burst())
-    assert sum(sizes) == 8 and len(sizes) <= 2, sizes
-    monkeypatch.undo()
-    for r, got in zip(requests, together):
-        assert np.array_equal(asyncio.run(codes(r)), got)

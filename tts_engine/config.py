@@ -86,7 +86,7 @@ class TalkerStageConfig:
                                               # attention eager): Poisson 20 p95 67 vs 75-101 ms on the H200. Needs
                                               # FlashAttention 3 (vLLM falls back to FULL_AND_PIECEWISE without it)
     cudagraph_max_tokens: int | None = 512    # tokens of the largest step run from a graph (None: vLLM's choice,
-                                              # 2 x max_num_seqs); a longer step runs without graphs
+                                              # min(2 x max_num_seqs, 512)); a longer step runs without graphs
     seed: int = 0
     processor: Callable = talker2code2wav_async_chunk   # the stage input processor (Stage 0 -> Stage 1)
     sampling: dict[str, Any] = field(default_factory=dict)   # default_sampling_params
@@ -166,6 +166,7 @@ class StageConfig:
             talker["device"] = _device(talker["device"] or "auto")
         config = replace(self, talker=replace(self.talker, **talker), decoder=replace(self.decoder, **decoder))
         _check_kind(str(self.path or "<overrides>"), config)
+        _cudagraph_mode(str(self.path or "<overrides>"), "", config.talker.cudagraph_mode)
         return config
 
 
@@ -189,7 +190,7 @@ _TALKER_ARGS = {"model_stage": (str, True), "worker_type": (str, False), "engine
                 "custom_process_next_stage_input_func": (str, True), "gpu_memory_utilization": (float, False),
                 "max_model_len": (int, False), "max_num_seqs": (int, False), "kv_cache_gib": (float, False),
                 "enforce_eager": (bool, False), "async_scheduling": (bool, False),
-                "cudagraph_mode": (str, False), "cudagraph_max_tokens": (int, False)}
+                "cudagraph_mode": (str, False), "cudagraph_max_tokens": ((int, type(None)), False)}
 _DECODER_ARGS = {"model_stage": (str, True), "worker_type": (str, False), "engine_output_type": (str, False),
                  "chunk_size": (int, False), "left_context_size": (int, False), "initial_chunk_size": (int, False),
                  "chunk_growth": (int, False), "initial_chunk_repeats": (int, False), "decode_mode": (str, False),

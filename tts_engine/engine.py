@@ -14,7 +14,6 @@ import queue
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import AsyncIterator, Iterator
 
@@ -26,7 +25,7 @@ from tts_engine.hub import resolve_model
 from tts_engine.models.qwen3_tts.cloner import VoiceCloner
 from tts_engine.models.qwen3_tts.codec_decoder import Code2WavDecoder
 from tts_engine.models.qwen3_tts.config import CheckpointError, Qwen3TTSConfig, load_config, read_json
-from tts_engine.models.qwen3_tts.prompt import PromptBuilder, PromptInputs, TalkerPrompt, TextEmbedder
+from tts_engine.models.qwen3_tts.prompt import PromptBuilder, PromptInputs, TextEmbedder
 from tts_engine.models.qwen3_tts.sampling import RowSampling
 from tts_engine.models.qwen3_tts.weights import validate_checkpoint_weights
 from tts_engine.processors.qwen3_tts import ChunkConnector
@@ -42,7 +41,6 @@ from tts_engine.request import (
     VoicePrompt,
     resolve_language,
 )
-from tts_engine.stages.combiner import Combiner
 from tts_engine.stages.decoder import AsyncDecodingPipeline
 from tts_engine.stages.route import Route
 from tts_engine.stages.talker import MIN_NEW_TOKENS, TalkerSampling, TalkerStage
@@ -86,12 +84,6 @@ class TTSEngine:
             config, lambda s: self.tokenizer(s)["input_ids"], self.text_embedder,
             codec_embed=embed_tokens,
             frame_embed=lambda codes: model.code_predictor.embed_codes(codes, embed_tokens.weight))
-        # prompts of requests arriving together are built in one pass, with one read-back (stages/combiner.py)
-        self.prompt_combiner: Combiner[PromptInputs, TalkerPrompt] = Combiner(self.prompts.build_many)
-        # `generate` submits on these threads: one per request Stage 0 can take at once, so a burst's requests
-        # all reach the prompt combiner together instead of 20 at a time (asyncio's default executor)
-        self.submit_threads: ThreadPoolExecutor | None = ThreadPoolExecutor(
-            max_workers=max(8, t.max_num_seqs), thread_name_prefix="tts-submit")
         self.decoder = Code2WavDecoder.from_folder(config.path / "speech_tokenizer", device=self.decoder_device,
                                                    dtype=torch.float32)
         self.cloner = VoiceCloner(config, self.device) if config.model_type == "base" else None
@@ -135,8 +127,6 @@ class TTSEngine:
         if self._closed:
             return
         self._closed = True
-        if self.submit_threads is not None:
-            self.submit_threads.shutdown(wait=False)
         self.talker.close()
         self.pipeline.close()
         self.talker_engine.close()
@@ -174,7 +164,7 @@ class TTSEngine:
             raise EngineClosed(f"the engine stopped working ({self.health()['error']}); it must be restarted")
         prompt_inputs, voice = self._prompt_inputs(request)
         started = time.perf_counter()
-        prompt = self.prompt_combiner.run(prompt_inputs)
+        prompt = self.prompts.build(prompt_inputs)
         prompt_s = time.perf_counter() - started
         positions, limit = prompt.prefill.shape[0], self.talker_engine.max_model_len
         if positions >= limit:
@@ -224,10 +214,29 @@ class TTSEngine:
                                            f"{max_buffered_s:g} s of audio waited unread, so the request was stopped")
             inbox.put_nowait(item)
 
-        if self._closed:          # before the submit threads, which a closed engine has shut down
-            raise EngineClosed("the engine is closed")
-        route, _ = await loop.run_in_executor(
-            self.submit_threads, self._submit, request, lambda item: loop.call_soon_threadsafe(put, item), request_id)
+        def deliver(item) -> None:   # on a stage thread
+            try:
+                loop.call_soon_threadsafe(put, item)
+            except RuntimeError:     # the consumer's event loop has closed: nobody will read this stream
+                self.abort(request_id)
+
+        abandoned = threading.Event()
+
+        def submit() -> Route:       # on an executor thread
+            route, _ = self._submit(request, deliver, request_id)
+            if abandoned.is_set():   # the caller stopped waiting while this was being submitted
+                self.abort(request_id)
+            return route
+
+        try:
+            route = await loop.run_in_executor(None, submit)
+        except asyncio.CancelledError:
+            # Cancelled while the submit ran on its thread: the request would otherwise run to its end with
+            # nobody reading it. Set first, then abort: either this abort finds the route, or the thread sees
+            # the flag after registering it.
+            abandoned.set()
+            self.abort(request_id)
+            raise
         finished = False
         try:
             while True:

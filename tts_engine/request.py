@@ -89,8 +89,7 @@ class RequestMetrics:
 
     request_id: str
     submitted_at: float                     # time.perf_counter() at submission (the prompt already built)
-    prompt_s: float | None = None           # building the prompt, before submission (with the prompts built
-                                            # together with it: stages/combiner.py)
+    prompt_s: float | None = None           # building the prompt, before submission
     admitted_s: float | None = None         # Stage 0 handed the request to vLLM
     first_frame_s: float | None = None
     first_chunk_s: float | None = None      # first delta PCM ready (server side)

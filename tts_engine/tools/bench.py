@@ -189,7 +189,7 @@ def summarize(name: str, level: int, mode: str, results: list[RequestResult], wa
 
 def first_chunk_path(results: list[RequestResult]) -> dict[str, float]:
     """Where the time to the first chunk goes, leg by leg (p50 and p95 of each, ms; in-process runs only):
-    queue (waiting for a submit thread, validation), prompt (building it), admit (until Stage 0 hands it
+    queue (waiting for an executor thread, validation), prompt (building it), admit (until Stage 0 hands it
     to vLLM), first_frame (prefill and the steps to the first frame), decode (until Stage 1 has decoded the
     first chunk) and delivery (until the consumer holds it). Legs' p95s do not add up to the total's."""
     legs: dict[str, list[float]] = collections.defaultdict(list)
@@ -429,8 +429,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "prompt-default-stream": {"prompt_stream": False},                 # prompts built on the steps' stream
     "gc-unfrozen": {"gc_frozen": False},                               # no gc.freeze() after the warm-up
     "prompt-uncached": {"prompt_cache": False},                        # every prompt embeds its constant parts
-    "prompts-one-by-one": {"prompt_combine": False},                   # each request builds and reads back its own
-    "submit-default-executor": {"submit_threads": False},              # asyncio's default executor (20 threads on 16 cores)
     "first-chunk-once": {"initial_chunk_repeats": 1},                  # 1, 2, 4, ...: chunk 2 takes twice the steps
     # a candidate (switched on): shorter Stage 1 calls (4 x 25 frames, not 16 x 25)
     "decoder-calls-100-frames": {"decoder_batch_frames": 100},
@@ -496,15 +494,6 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
                 prompts._own_stream, prompts.stream = prompts.stream, None
             elif prompts.stream is None:
                 prompts.stream = getattr(prompts, "_own_stream", None)
-        elif key == "submit_threads":
-            previous[key] = engine.submit_threads is not None
-            if not value:
-                engine._own_submit_threads, engine.submit_threads = engine.submit_threads, None
-            elif engine.submit_threads is None:
-                engine.submit_threads = getattr(engine, "_own_submit_threads", None)
-        elif key == "prompt_combine":
-            previous[key] = engine.prompt_combiner.combine
-            engine.prompt_combiner.combine = value
         elif key == "prompt_cache":
             previous[key] = engine.prompts.cache_constants
             engine.prompts.cache_constants = value

@@ -132,36 +132,12 @@ class PromptBuilder:
         its steps read (`trailing`, `tts_pad`) as used on its stream (`TalkerStage`), so the caching allocator
         does not hand their memory to another prompt while a step may still read them.
         """
-        built = self.build_many([p])[0]
-        if isinstance(built, Exception):
-            raise built
-        return built
-
-    def build_many(self, inputs: list[PromptInputs]) -> list[TalkerPrompt | Exception]:
-        """`build` for several prompts at once, each built exactly as alone (same kernels, same shapes), but
-        with one read-back of all their prefills instead of one each: a burst of requests then costs one
-        wait for the GPU, not one per request taken in turns on the interpreter (BENCHMARKS.md, sixth
-        pass). A prompt that fails to build comes back as its exception; the others are unaffected."""
         if self.stream is None:
-            return [self._build_or_error(p) for p in inputs]
-        with torch.cuda.stream(self.stream):
-            built = [self._build_or_error(p) for p in inputs]
-            ready = [b for b in built if isinstance(b, TalkerPrompt)]
-            if not ready:
-                return built
-            # every prefill read back in one copy (waits for this stream only)
-            if len(ready) == 1:
-                host = [ready[0].prefill.cpu()]
-            else:
-                host = torch.cat([b.prefill for b in ready]).cpu().split([b.prefill.shape[0] for b in ready])
-        prefills = iter(host)
-        return [b if isinstance(b, Exception) else TalkerPrompt(next(prefills), b.trailing, b.tts_pad) for b in built]
-
-    def _build_or_error(self, p: PromptInputs) -> TalkerPrompt | Exception:
-        try:
             return self._build(p)
-        except Exception as exc:  # one bad prompt must not fail the others built with it
-            return exc
+        with torch.cuda.stream(self.stream):
+            prompt = self._build(p)
+            prefill = prompt.prefill.cpu()        # waits for this stream only
+        return TalkerPrompt(prefill=prefill, trailing=prompt.trailing, tts_pad=prompt.tts_pad)
 
     @torch.inference_mode()
     def _build(self, p: PromptInputs) -> TalkerPrompt:
