@@ -168,7 +168,7 @@ def test_a_caller_that_gives_up_while_its_request_is_submitted_leaves_nothing_ru
         time.sleep(0.3)
         return build(inputs)
     monkeypatch.setattr(engine.prompts, "build", slow_build)
-    request = SpeechRequest(text="Nobody will hear this. " * 4, voice=voices["a_xvec"], max_new_tokens=200, **GREEDY)
+    request = SpeechRequest(text="Nobody will hear this. " * 4, voice=voices["a_xvec"], max_new_tokens=400, **GREEDY)
 
     async def give_up():
         task = asyncio.ensure_future(engine.generate(request, request_id="given-up").__anext__())
@@ -177,10 +177,11 @@ def test_a_caller_that_gives_up_while_its_request_is_submitted_leaves_nothing_ru
         with pytest.raises(asyncio.CancelledError):
             await task
         await asyncio.sleep(0.5)            # the submit thread finishes its build and submits
-    asyncio.run(give_up())
-    engine.drain()
-    state = engine.debug_state()
+        engine.drain()                      # (the loop stays open: a closed one would abort it on delivery)
+        return engine.debug_state()
+    state = asyncio.run(give_up())
     assert all("given-up" not in ids for ids in state.values()), state
+    engine.drain()
     assert engine.talker_engine.has_unfinished() is False
 
 
