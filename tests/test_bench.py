@@ -73,6 +73,7 @@ def test_end_to_end_tiny_fixed_frames(tmp_path):
     assert [(r["name"], r["level"]) for r in rows] == [
         ("ours/cold", 1), ("ours", 1), ("ours", 2), ("ours/decoder-calls-100-frames", 1)]
     assert rows[0]["startup_warmup"] == "full" and rows[0]["startup_warmup_s"] > 0
+    assert rows[0]["max_batched_tokens"] >= 512      # what vLLM settled on, as the rows report it
     for row in rows:
         assert row["errors"] == 0 and row["requests"] == 2
         for key in ("first_chunk_ms_p50", "first_audible_ms_p50", "frame_ms_p50", "rtf_p50", "audio_s_per_s"):

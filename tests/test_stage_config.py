@@ -63,6 +63,7 @@ def _write(tmp_path, edit, base: str = "qwen3_tts.yaml") -> Path:
     (lambda d: d["stage_args"][1]["engine_args"].update(initial_chunk_repeats=0), "initial_chunk_repeats' must be >= 1"),
     (lambda d: d["stage_args"][0]["engine_args"].update(cudagraph_mode="ALL"), "cudagraph_mode' must be one of"),
     (lambda d: d["stage_args"][0]["engine_args"].update(cudagraph_max_tokens=0), "cudagraph_max_tokens' must be >= 1"),
+    (lambda d: d["stage_args"][0]["engine_args"].update(max_batched_tokens=0), "max_batched_tokens' must be >= 1"),
 ])
 def test_invalid_configs_name_file_and_key(tmp_path, edit, message):
     path = _write(tmp_path, edit)
@@ -188,6 +189,9 @@ def test_talker_graph_settings_reach_vllm_only_where_they_differ(tmp_path):
     vllm_own = _write(tmp_path, lambda d: d["stage_args"][0]["engine_args"].update(
         cudagraph_mode="FULL_AND_PIECEWISE", cudagraph_max_tokens=None))       # YAML null: vLLM's own size
     assert load_stage_config(vllm_own).talker.cudagraph_max_tokens is None
+    budget = _write(tmp_path, lambda d: d["stage_args"][0]["engine_args"].update(max_batched_tokens=512))
+    assert load_stage_config(budget).talker.max_batched_tokens == 512
+    assert load_stage_config(CONFIGS / "qwen3_tts.yaml").talker.max_batched_tokens is None      # vLLM's
     with pytest.raises(StageConfigError, match="cudagraph_mode' must be one of"):
         engine_settings(CONFIGS / "qwen3_tts.yaml", cudagraph_mode="full")
 

@@ -87,6 +87,8 @@ class TalkerStageConfig:
                                               # FlashAttention 3 (vLLM falls back to FULL_AND_PIECEWISE without it)
     cudagraph_max_tokens: int | None = 512    # tokens of the largest step run from a graph (None: vLLM's choice,
                                               # min(2 x max_num_seqs, 512)); a longer step runs without graphs
+    max_batched_tokens: int | None = None     # tokens one step may carry, prefills included (vLLM's
+                                              # max_num_batched_tokens; None: vLLM's choice, 2,048 here)
     seed: int = 0
     processor: Callable = talker2code2wav_async_chunk   # the stage input processor (Stage 0 -> Stage 1)
     sampling: dict[str, Any] = field(default_factory=dict)   # default_sampling_params
@@ -190,7 +192,8 @@ _TALKER_ARGS = {"model_stage": (str, True), "worker_type": (str, False), "engine
                 "custom_process_next_stage_input_func": (str, True), "gpu_memory_utilization": (float, False),
                 "max_model_len": (int, False), "max_num_seqs": (int, False), "kv_cache_gib": (float, False),
                 "enforce_eager": (bool, False), "async_scheduling": (bool, False),
-                "cudagraph_mode": (str, False), "cudagraph_max_tokens": ((int, type(None)), False)}
+                "cudagraph_mode": (str, False), "cudagraph_max_tokens": ((int, type(None)), False),
+                "max_batched_tokens": ((int, type(None)), False)}
 _DECODER_ARGS = {"model_stage": (str, True), "worker_type": (str, False), "engine_output_type": (str, False),
                  "chunk_size": (int, False), "left_context_size": (int, False), "initial_chunk_size": (int, False),
                  "chunk_growth": (int, False), "initial_chunk_repeats": (int, False), "decode_mode": (str, False),
@@ -359,6 +362,7 @@ def parse_stage_config(data: Any, where: str = "<stage config>") -> StageConfig:
         async_scheduling=a0.get("async_scheduling", t.async_scheduling),
         cudagraph_mode=_cudagraph_mode(where, p0, a0.get("cudagraph_mode", t.cudagraph_mode)),
         cudagraph_max_tokens=positive(p0 + "engine_args.", a0, "cudagraph_max_tokens", t.cudagraph_max_tokens),
+        max_batched_tokens=positive(p0 + "engine_args.", a0, "max_batched_tokens", t.max_batched_tokens),
         processor=_import_processor(where, p0 + "engine_args.custom_process_next_stage_input_func",
                                     a0["custom_process_next_stage_input_func"]),
         sampling=sampling)

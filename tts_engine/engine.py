@@ -76,7 +76,7 @@ class TTSEngine:
             gpu_memory_utilization=t.gpu_memory_utilization, kv_cache_gib=t.kv_cache_gib,
             enforce_eager=t.enforce_eager if t.enforce_eager is not None else self.device.type == "cpu",
             async_scheduling=t.async_scheduling, seed=t.seed, cudagraph_mode=t.cudagraph_mode,
-            cudagraph_max_tokens=t.cudagraph_max_tokens)
+            cudagraph_max_tokens=t.cudagraph_max_tokens, max_batched_tokens=t.max_batched_tokens)
         model = self.talker_engine.model
         self.text_embedder = TextEmbedder.from_checkpoint(config, self.device, dtype)
         embed_tokens = model.model.embed_tokens

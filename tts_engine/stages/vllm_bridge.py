@@ -190,7 +190,8 @@ class TalkerEngine:
     def __init__(self, checkpoint: Path, talker_config: dict, *, dtype: torch.dtype, device: str,
                  max_num_seqs: int, max_model_len: int, gpu_memory_utilization: float,
                  kv_cache_gib: float | None, enforce_eager: bool, async_scheduling: bool = True, seed: int = 0,
-                 cudagraph_mode: str = "FULL_AND_PIECEWISE", cudagraph_max_tokens: int | None = None):
+                 cudagraph_mode: str = "FULL_AND_PIECEWISE", cudagraph_max_tokens: int | None = None,
+                 max_batched_tokens: int | None = None):
         check_vllm_version()
         configure_environment()
         from vllm.engine.arg_utils import EngineArgs
@@ -204,6 +205,7 @@ class TalkerEngine:
             enforce_eager=enforce_eager, enable_prefix_caching=False, gpu_memory_utilization=gpu_memory_utilization,
             seed=seed, disable_log_stats=True, async_scheduling=async_scheduling,
             kv_cache_memory_bytes=int(kv_cache_gib * 2**30) if kv_cache_gib else None,
+            max_num_batched_tokens=max_batched_tokens,
             **_graph_args(enforce_eager, cudagraph_mode, cudagraph_max_tokens),
         )
         self.engine = LLMEngine.from_engine_args(args)
@@ -222,6 +224,7 @@ class TalkerEngine:
         compilation = self.engine.vllm_config.compilation_config
         self.cudagraph_mode = str(getattr(compilation.cudagraph_mode, "name", compilation.cudagraph_mode))
         self.cudagraph_max_tokens = compilation.max_cudagraph_capture_size
+        self.max_batched_tokens = self.engine.vllm_config.scheduler_config.max_num_batched_tokens
         self._check_capacity(max_num_seqs, max_model_len)
 
     def _check_capacity(self, max_num_seqs: int, max_model_len: int) -> None:

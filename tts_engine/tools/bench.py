@@ -442,6 +442,10 @@ ENGINE_VARIANTS: dict[str, dict[str, Any]] = {
     # vLLM's own graphs: full graphs for decode-only steps only (a step a prefill joins runs piecewise, attention
     # eager) and up to 2 x max_num_seqs tokens
     "talker-piecewise-graphs": {"cudagraph_mode": "FULL_AND_PIECEWISE", "cudagraph_max_tokens": None},
+    # candidates for a burst of joins (switched on; not measured yet): graphs for every step vLLM may schedule
+    # (its 2,048-token budget), or a budget every step of which fits the 512-token graphs
+    "talker-graphs-2048": {"cudagraph_max_tokens": 2048},
+    "talker-budget-512": {"max_batched_tokens": 512},
 }
 
 
@@ -654,7 +658,8 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
             "decoder_graphs": engine.decoder._graphs is not None,
             "async_scheduling": engine.talker_engine.async_scheduling,
             "cudagraph_mode": engine.talker_engine.cudagraph_mode,
-            "cudagraph_max_tokens": engine.talker_engine.cudagraph_max_tokens}
+            "cudagraph_max_tokens": engine.talker_engine.cudagraph_max_tokens,
+            "max_batched_tokens": engine.talker_engine.max_batched_tokens}
     if args.engine_variant:
         info["engine_variant"] = args.engine_variant
     voice = None
