@@ -67,7 +67,9 @@ def test_serve_configs_parse_and_build(name):
     built = build(app.args)
     seqs = engine_max_num_seqs(app.args.get("config") or "configs/qwen3_tts_tiny_cpu.yaml")
     sessions = ServingSettings(max_sessions=app.args.get("max_sessions")).session_limit(seqs)
-    assert built._bound_deployment._deployment_config.max_ongoing_requests == seqs + sessions
+    config = built._bound_deployment._deployment_config
+    assert config.max_ongoing_requests == seqs + sessions
+    assert config.request_router_config.request_router_kwargs == {"session_reserve": sessions}   # kept for sessions
 
 
 def test_health_check_asks_the_engine():
@@ -104,7 +106,7 @@ class FakeReplica:
         self.multiplexed_model_ids = set(sessions or ())
         self.max_ongoing_requests = capacity
         self.node_id, self.availability_zone, self.routing_stats = "node", None, {}
-        self.ongoing = 0
+        self.ongoing = self.peak = 0
 
     async def get_queue_len(self, *, deadline_s: float) -> int:
         await asyncio.sleep(random.uniform(0, 0.005))    # probes answer in any order
@@ -126,10 +128,12 @@ class RouterDriver:
             request_id=str(self.count), internal_request_id=f"r{self.count}", multiplexed_model_id=session))
         replica = await asyncio.wait_for(self.router._choose_replica_for_request(request), limit_s)
         replica.ongoing += 1
+        replica.peak = max(replica.peak, replica.ongoing)
         try:
             await asyncio.sleep(hold_s)
         finally:
             replica.ongoing -= 1
+            self.router.on_request_completed(replica.replica_id, request.metadata.internal_request_id)  # as Serve
         return replica.replica_id.unique_id
 
 
@@ -192,12 +196,40 @@ def test_router_places_new_sessions_by_session_count():
     asyncio.run(scenario())
 
 
+def test_router_keeps_room_for_a_sessions_calls():
+    """Each replica takes 6 requests and keeps 2 of them for session calls: a burst of synthesis fills 4 of each
+    and the rest waits, while a session's call gets onto its replica at once (before any synthesis is done);
+    as synthesis completes, the waiting requests take the freed places."""
+    async def scenario():
+        a, b = FakeReplica("a", {"s1"}, capacity=6), FakeReplica("b", capacity=6)
+        driver = RouterDriver(a, b)
+        driver.router.initialize_state(session_reserve=2)
+        synthesis = [asyncio.ensure_future(driver.route(hold_s=0.3)) for _ in range(10)]
+        while a.ongoing + b.ongoing < 8:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(0.05)
+        assert (a.ongoing, b.ongoing) == (4, 4), "synthesis took the places kept for sessions"
+        assert await driver.route("s1") == "a"
+        assert not any(task.done() for task in synthesis), "the session's call waited behind synthesis"
+        assert set(await asyncio.gather(*synthesis)) == {"a", "b"}       # the 2 that waited got in later
+        assert (a.peak, b.peak) == (5, 4), "more synthesis than its places on a replica"   # a: 4 + the session's
+        assert driver.router.room_for_synthesis(a) and driver.router.room_for_synthesis(b)   # all released
+        # without a reserve (the router's default) synthesis takes every place
+        driver.router.initialize_state(session_reserve=0)
+        held = [asyncio.ensure_future(driver.route(hold_s=0.2)) for _ in range(12)]
+        while a.ongoing + b.ongoing < 12:
+            await asyncio.sleep(0.005)
+        await asyncio.gather(*held)
+
+    asyncio.run(scenario())
+
+
 # ---- two replicas behind Serve -------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """Ray on 127.0.0.1, Serve's proxy (with our proxy callback) on a free port, two tiny replicas; yields
     (url, voices folder)."""
-    from tts_engine.serving.ray_app import TTSDeployment
+    from tts_engine.serving.ray_app import TTSDeployment, session_router
 
     voices = tmp_path_factory.mktemp("serve_voices")
     saved = {k: os.environ.get(k) for k in LOCAL_RAY_ENV}
@@ -212,7 +244,7 @@ def cluster(tmp_path_factory):
                 "max_sessions": 4}
         t0 = time.perf_counter()
         serve.run(TTSDeployment.options(num_replicas=2, ray_actor_options={"num_cpus": 1}, max_ongoing_requests=12,
-                                        health_check_period_s=2).bind(args),
+                                        request_router_config=session_router(4), health_check_period_s=2).bind(args),
                   name="tts", route_prefix="/", blocking=False)
         _wait_replicas(2, 400)
         print(f"\n[serve] two replicas running in {time.perf_counter() - t0:.0f} s")
@@ -308,8 +340,9 @@ def test_both_replicas_serve_every_api(cluster):
 
 
 def test_more_requests_than_the_replicas_take_wait_in_serve_instead_of_503(cluster):
-    """Each replica is given 12 requests at most (`max_ongoing_requests`) and its engine steps 8: 28 at once
-    must all be answered, the 4 past both replicas' capacity after waiting in Serve's queue."""
+    """Each replica is given 12 requests at most (`max_ongoing_requests`), 8 of them without a session (4 are kept
+    for session calls), and its engine steps 8: 28 at once must all be answered, the 12 past both replicas'
+    synthesis places after waiting in Serve's queue."""
     url, _ = cluster
     body = {**SPEECH, "max_new_tokens": 20}   # long enough that the 28 overlap
     with ThreadPoolExecutor(28) as pool:

@@ -17,7 +17,8 @@ request router) sends a request whose `serve_multiplexed_model_id` header names 
 replica holding it, and nowhere else. Agents send `serve_multiplexed_model_id: <webrtc_id>` with every
 call of a session, the offer included: the router places a new session on the replica with the fewest
 sessions and remembers it until the replica's announcement arrives. Requests without the header go to
-the less busy of two replicas. `ReplicaLossMiddleware` runs in Serve's HTTP proxy (Serve's proxy
+the less busy of two replicas, and leave `session_reserve` places of each replica free for session calls
+(`room_for_synthesis`). `ReplicaLossMiddleware` runs in Serve's HTTP proxy (Serve's proxy
 callback) and turns a replica lost mid-request into a 503 or an SSE error event. The Gradio UI is not
 served here: `python app.py` is the single-process front end.
 """
@@ -82,14 +83,43 @@ class SessionAffinityRouter(MultiplexMixin, RequestRouter):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._placed: dict[str, tuple[ReplicaID, float]] = {}   # session -> (replica id, when placed), not yet announced
+        self.session_reserve = 0
+        self._synthesis: dict[ReplicaID, set[str]] = {}   # replica -> internal ids of requests without a session on it
+
+    def initialize_state(self, session_reserve: int = 0, **kwargs) -> None:
+        """Serve passes the deployment's `request_router_kwargs` here (`session_router`)."""
+        super().initialize_state(**kwargs)
+        self.session_reserve = session_reserve
 
     def eligible(self, request: PendingRequest, candidates: list[RunningReplica]) -> list[RunningReplica]:
         """The replicas among `candidates` that `request` may go to now."""
         session = request.metadata.multiplexed_model_id
         if not session:
-            return list(candidates)
+            return [r for r in candidates if self.room_for_synthesis(r)]
         home = self._home(session)
         return [r for r in candidates if r.replica_id == home]
+
+    def room_for_synthesis(self, replica: RunningReplica) -> bool:
+        """Requests without a session (HTTP synthesis) leave `session_reserve` of a replica's
+        `max_ongoing_requests` free, so a session's `say` / `interrupt` / `stats` gets onto its replica at once
+        while synthesis fills every replica (else it waits in Serve's queue behind all of it: a barge-in
+        seconds late). Counted here, per request: added when a request is handed its replica (synchronous, so
+        two routing tasks never both take the last place) and dropped when Serve reports it completed (the
+        hook Serve offers for capacity tokens), sent or not."""
+        if self.session_reserve <= 0:
+            return True
+        limit = max(1, replica.max_ongoing_requests - self.session_reserve)
+        return len(self._synthesis.get(replica.replica_id, ())) < limit
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        super().on_request_completed(replica_id, internal_request_id)
+        held = self._synthesis.get(replica_id)
+        if held is not None:
+            held.discard(internal_request_id)
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self._synthesis.pop(replica_id, None)
 
     def _home(self, session: str) -> ReplicaID | None:
         """The id of the replica that holds (or will hold) `session`, placing it if nobody does."""
@@ -153,7 +183,8 @@ class SessionAffinityRouter(MultiplexMixin, RequestRouter):
                                       request_metadata: RequestMetadata | None = None) -> None:
         """Overrides the base router's hand-over (see the class docstring): a routing task found `replica`."""
         own = self._get_pending_request_matching_internal_request_id(request_metadata)
-        if own is not None:            # chosen for this request by `choose_replicas`: eligible by construction
+        # chosen for this request by `choose_replicas`, but another task may have filled its synthesis places since
+        if own is not None and self.eligible(own, [replica]):
             self._hand_over(own, replica)
             return
         for request in self._waiting():
@@ -163,6 +194,8 @@ class SessionAffinityRouter(MultiplexMixin, RequestRouter):
 
     def _hand_over(self, request: PendingRequest, replica: RunningReplica) -> None:
         self._record_queue_wait_time(request)
+        if not request.metadata.multiplexed_model_id:
+            self._synthesis.setdefault(replica.replica_id, set()).add(request.metadata.internal_request_id)
         request.future.set_result(replica)
         self._remove_pending_request_from_indices(request)
 
@@ -389,15 +422,23 @@ def build(args: dict[str, Any]):
     (model, config, demo, voices, max_sessions, max_concurrent, max_input_chars, preroll_ms).
 
     `max_ongoing_requests` follows the engine: Stage 0's `max_num_seqs` streams plus `max_sessions` for the
-    short control calls (`say`, `interrupt`, `stats`) of the WebRTC sessions the replica holds, so with a
-    full batch of synthesis those still get in at once (under a heavier load they wait in Serve's queue with
-    the rest). The replica admits that many synthesis requests too (`_serve_admission`; `max_concurrent` in
-    args overrides), so overload queues in Serve instead of ending in 503. A config's `deployments:` entry
-    may still override it."""
+    short control calls (`say`, `interrupt`, `stats`) of the WebRTC sessions the replica holds. The router
+    keeps those `max_sessions` places for session calls (`SessionAffinityRouter.room_for_synthesis`): HTTP
+    synthesis past `max_num_seqs` on every replica waits in Serve's queue, and a session's calls still get in
+    at once. The replica admits what Serve sends it (`_serve_admission`; `max_concurrent` in args
+    overrides), so overload queues in Serve instead of ending in 503. A config's `deployments:` entry may
+    still override `max_ongoing_requests`."""
     args = dict(args or {})
     config = args.get("config") or ("configs/qwen3_tts_tiny_cpu.yaml" if args.get("demo") else None)
     from tts_engine.serving.settings import ServingSettings
 
     seqs = engine_max_num_seqs(config)
-    ongoing = seqs + ServingSettings(max_sessions=args.get("max_sessions")).session_limit(seqs)
-    return TTSDeployment.options(max_ongoing_requests=ongoing).bind(args)
+    sessions = ServingSettings(max_sessions=args.get("max_sessions")).session_limit(seqs)
+    return TTSDeployment.options(max_ongoing_requests=seqs + sessions,
+                                 request_router_config=session_router(sessions)).bind(args)
+
+
+def session_router(session_reserve: int) -> RequestRouterConfig:
+    """This deployment's request router, keeping `session_reserve` places of every replica for session calls."""
+    return RequestRouterConfig(request_router_class=SessionAffinityRouter,
+                               request_router_kwargs={"session_reserve": session_reserve})
