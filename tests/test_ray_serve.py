@@ -199,19 +199,20 @@ def test_router_places_new_sessions_by_session_count():
 def test_router_keeps_room_for_a_sessions_calls():
     """Each replica takes 6 requests and keeps 2 of them for session calls: a burst of synthesis fills 4 of each
     and the rest waits, while a session's call gets onto its replica at once (before any synthesis is done);
-    as synthesis completes, the waiting requests take the freed places."""
+    as synthesis completes, the waiting requests take the freed places. More synthesis waits (8) than Serve runs
+    routing tasks (2 per replica), so a task whose own request has no place must route for one that has."""
     async def scenario():
         a, b = FakeReplica("a", {"s1"}, capacity=6), FakeReplica("b", capacity=6)
         driver = RouterDriver(a, b)
         driver.router.initialize_state(session_reserve=2)
-        synthesis = [asyncio.ensure_future(driver.route(hold_s=0.3)) for _ in range(10)]
+        synthesis = [asyncio.ensure_future(driver.route(hold_s=0.3)) for _ in range(16)]
         while a.ongoing + b.ongoing < 8:
             await asyncio.sleep(0.005)
         await asyncio.sleep(0.05)
         assert (a.ongoing, b.ongoing) == (4, 4), "synthesis took the places kept for sessions"
         assert await driver.route("s1") == "a"
         assert not any(task.done() for task in synthesis), "the session's call waited behind synthesis"
-        assert set(await asyncio.gather(*synthesis)) == {"a", "b"}       # the 2 that waited got in later
+        assert set(await asyncio.gather(*synthesis)) == {"a", "b"}       # the 8 that waited got in later
         assert (a.peak, b.peak) == (5, 4), "more synthesis than its places on a replica"   # a: 4 + the session's
         assert driver.router.room_for_synthesis(a) and driver.router.room_for_synthesis(b)   # all released
         # without a reserve (the router's default) synthesis takes every place
@@ -384,6 +385,44 @@ def test_a_webrtc_session_stays_on_its_replica(cluster):
             finally:
                 await session.close()
                 await other.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_sessions_call_gets_in_while_synthesis_fills_the_replicas(cluster):
+    """28 streaming syntheses at once: 8 on each replica (its places without a session), 12 waiting in Serve's
+    queue. A session's `stats` on its replica must be answered before any of them has finished, not after
+    (without the kept places its replica holds 12 syntheses, all of `max_ongoing_requests`, and the call waits
+    for one to end)."""
+    url, _ = cluster
+    body = {**SPEECH, "max_new_tokens": 60, "stream": True}
+
+    async def scenario():
+        async with httpx.AsyncClient(timeout=120) as client:
+            session = AgentSession(url)
+            await session.open(client)
+            started, finished = [], []
+
+            async def synthesize():
+                async with client.stream("POST", url + "/v1/audio/speech", json=body) as r:
+                    assert r.status_code == 200
+                    started.append(time.perf_counter())
+                    async for _ in r.aiter_raw():
+                        pass
+                finished.append(time.perf_counter())
+            try:
+                flood = [asyncio.ensure_future(synthesize()) for _ in range(28)]
+                while len(started) < 16:
+                    await asyncio.sleep(0.02)
+                stats = await client.get(f"{url}/v1/realtime/stats/{session.webrtc_id}", headers=session.headers)
+                answered = time.perf_counter()
+                assert stats.status_code == 200, stats.text
+                assert not finished, "the session's call waited for a synthesis to finish"
+                assert len(started) < 28, "every synthesis got in: the replicas were not full"
+                await asyncio.gather(*flood)
+            finally:
+                await session.close()
+            assert min(finished) > answered
 
     asyncio.run(scenario())
 

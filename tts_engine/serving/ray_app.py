@@ -167,7 +167,19 @@ class SessionAffinityRouter(MultiplexMixin, RequestRouter):
         if pending_request is not None and not pending_request.future.done():
             pending_request.routing_context.should_backoff = True   # nothing eligible: sleep before the retry
             chosen = self.eligible(pending_request, candidate_replicas)
-            return [_two(chosen)] if chosen else []
+            if chosen:
+                return [_two(chosen)]
+            # Its own request has no place now (synthesis on full replicas, a session whose replica is full).
+            # Serve runs 2 routing tasks per replica and each keeps to its request: with more such requests
+            # waiting than tasks, a session's call behind them would wait for one of them to get a place. So
+            # route for another waiting request that can go now; the replica found goes to it
+            # (`_fulfill_next_pending_request`), and this task's request stays queued for any task to place.
+            for request in self._waiting():
+                if request is not pending_request:
+                    chosen = self.eligible(request, candidate_replicas)
+                    if chosen:
+                        return [_two(chosen)]
+            return []
         # A routing task with no request of its own (or whose request another task placed): route for the
         # oldest waiting request that can be placed now.
         waiting = self._waiting()
