@@ -194,13 +194,24 @@ def test_client_side_modes_against_the_live_app(live_app, tmp_path):
 
 
 def test_first_chunk_path_splits_the_wait_into_legs():
-    r = RequestResult("a", 0.0, submit_s=0.030, prompt_s=0.002, engine_admitted_s=0.005, engine_first_frame_s=0.045,
-                      engine_first_chunk_s=0.060, first_chunk_s=0.100)
+    r = RequestResult("a", 0.0, submit_s=0.030, engine_first_frame_s=0.045, engine_first_chunk_s=0.060,
+                      first_chunk_s=0.100,
+                      engine_legs={"prompt": 0.002, "admit": 0.005, "first_frame": 0.040, "decode": 0.015})
     path = first_chunk_path([r, RequestResult("failed", 0.0)])    # a request without timings is left out
     assert path == {"queue_50": 28.0, "queue_95": 28.0, "prompt_50": 2.0, "prompt_95": 2.0, "admit_50": 5.0,
                     "admit_95": 5.0, "first_frame_50": 40.0, "first_frame_95": 40.0, "decode_50": 15.0,
                     "decode_95": 15.0, "delivery_50": 10.0, "delivery_95": 10.0}
     assert first_chunk_path([]) == {}
+
+
+def test_the_engine_times_its_legs_from_its_own_metrics():
+    from tts_engine.request import RequestMetrics
+
+    m = RequestMetrics("a", 0.0, prompt_s=0.002, admitted_s=0.005, first_frame_s=0.045, first_chunk_s=0.060)
+    assert m.first_audio_legs() == pytest.approx({"prompt": 0.002, "admit": 0.005, "first_frame": 0.040,
+                                                  "decode": 0.015})
+    early = RequestMetrics("b", 0.0, prompt_s=0.002, admitted_s=0.005)      # failed before its first frame
+    assert early.first_audio_legs() == pytest.approx({"prompt": 0.002, "admit": 0.005})
 
 
 def test_late_chunks_name_the_chunk_that_missed_its_deadline():

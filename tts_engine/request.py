@@ -111,6 +111,16 @@ class RequestMetrics:
             return None
         return self.finished_s / self.audio_seconds
 
+    def first_audio_legs(self) -> dict[str, float]:
+        """The engine's time to first audio by leg, in seconds: `prompt` (building it, before submission),
+        `admit` (until Stage 0 gave the request to vLLM), `first_frame` (prefill and steps), `decode` (Stage 1,
+        until the first chunk). A leg whose ends were not both recorded (a request that failed early, one with
+        no audio) is left out."""
+        ends = {"prompt": (0.0, self.prompt_s), "admit": (0.0, self.admitted_s),
+                "first_frame": (self.admitted_s, self.first_frame_s), "decode": (self.first_frame_s, self.first_chunk_s)}
+        return {leg: end - start for leg, (start, end) in ends.items()
+                if start is not None and end is not None and end >= start}
+
     @property
     def per_frame_s(self) -> list[float]:
         """Time between consecutive frames (the first entry is time to the first frame)."""

@@ -93,7 +93,7 @@ class InstrumentedStream:
             if chunk.metrics is not None:
                 if chunk.metrics.real_time_factor:
                     RTF.labels(self.transport).observe(chunk.metrics.real_time_factor)
-                for leg, seconds in first_audio_legs(chunk.metrics).items():
+                for leg, seconds in chunk.metrics.first_audio_legs().items():
                     LEGS.labels(leg).observe(seconds)
             self._end("completed")
         return chunk
@@ -107,15 +107,6 @@ class InstrumentedStream:
             self._open = False
             ACTIVE.labels(self.transport).dec()
             REQUESTS.labels(self.transport, outcome).inc()
-
-
-def first_audio_legs(m) -> dict[str, float]:
-    """The legs of a request's time to first audio that the engine timed (`RequestMetrics`); a leg whose ends
-    were not both recorded (a request that failed early, one with no audio) is left out."""
-    ends = {"prompt": (0.0, m.prompt_s), "admit": (0.0, m.admitted_s),
-            "first_frame": (m.admitted_s, m.first_frame_s), "decode": (m.first_frame_s, m.first_chunk_s)}
-    return {leg: end - start for leg, (start, end) in ends.items()
-            if start is not None and end is not None and end >= start}
 
 
 def instrument(stream: AsyncIterator, transport: str) -> InstrumentedStream:

@@ -81,8 +81,7 @@ class RequestResult:
     engine_first_frame_s: float | None = None
     engine_first_chunk_s: float | None = None
     submit_s: float | None = None           # from the call to the engine's route existing (validation, prompt)
-    prompt_s: float | None = None           # of submit_s, building the prompt
-    engine_admitted_s: float | None = None  # from the route existing to Stage 0 handing it to vLLM
+    engine_legs: dict[str, float] = field(default_factory=dict)   # RequestMetrics.first_audio_legs()
     frame_intervals_s: list[float] = field(default_factory=list)
     chunks: list[tuple[float, int]] = field(default_factory=list)   # (arrival since submit, samples)
     underruns: int = 0
@@ -194,14 +193,11 @@ def first_chunk_path(results: list[RequestResult]) -> dict[str, float]:
     first chunk) and delivery (until the consumer holds it). Legs' p95s do not add up to the total's."""
     legs: dict[str, list[float]] = collections.defaultdict(list)
     for r in results:
-        times = (r.submit_s, r.prompt_s, r.engine_admitted_s, r.engine_first_frame_s, r.engine_first_chunk_s,
-                 r.first_chunk_s)
-        if any(t is None for t in times):
+        engine = r.engine_legs
+        if r.submit_s is None or r.engine_first_chunk_s is None or r.first_chunk_s is None or len(engine) < 4:
             continue
-        submit, prompt, admitted, frame, chunk, seen = times
-        for leg, value in (("queue", submit - prompt), ("prompt", prompt), ("admit", admitted),
-                           ("first_frame", frame - admitted), ("decode", chunk - frame),
-                           ("delivery", seen - submit - chunk)):
+        for leg, value in {"queue": r.submit_s - engine["prompt"], **engine,
+                           "delivery": r.first_chunk_s - r.submit_s - r.engine_first_chunk_s}.items():
             legs[leg].append(value)
     return {f"{leg}_{q}": round(_pct(values, q) * 1000, 1) for leg, values in legs.items() for q in (50, 95)}
 
@@ -331,8 +327,7 @@ async def _one_request(engine, request, t_level: float) -> Heard:
                     result.engine_first_frame_s = m.first_frame_s
                     result.engine_first_chunk_s = m.first_chunk_s
                     result.submit_s = m.submitted_at - t0
-                    result.prompt_s = m.prompt_s
-                    result.engine_admitted_s = m.admitted_s
+                    result.engine_legs = m.first_audio_legs()
                     times = m.frame_times_s
                     result.frame_intervals_s = [b - a for a, b in zip(times, times[1:])]
     except Exception as exc:  # a failed request is counted, not fatal
