@@ -158,26 +158,29 @@ def test_abort_mid_stream_frees_every_buffer(engine, voices):
 
 
 def test_a_caller_that_gives_up_while_its_request_is_submitted_leaves_nothing_running(engine, voices, monkeypatch):
-    """Cancelled while the submit ran on its executor thread (a slow prompt build here), the request must
-    not run on to its end with nobody reading it: the engine aborts it once it is in."""
-    import time
+    """Cancelled while the submit ran on its executor thread (held inside the prompt build here), the request
+    must not run on to its end with nobody reading it: the engine aborts it once it is in."""
+    import threading
 
-    build = engine.prompts.build
+    build, building, release = engine.prompts.build, threading.Event(), threading.Event()
 
-    def slow_build(inputs):
-        time.sleep(0.3)
+    def held_build(inputs):
+        building.set()
+        release.wait(30)
         return build(inputs)
-    monkeypatch.setattr(engine.prompts, "build", slow_build)
+    monkeypatch.setattr(engine.prompts, "build", held_build)
     request = SpeechRequest(text="Nobody will hear this. " * 4, voice=voices["a_xvec"], max_new_tokens=400, **GREEDY)
 
     async def give_up():
+        loop = asyncio.get_running_loop()
         task = asyncio.ensure_future(engine.generate(request, request_id="given-up").__anext__())
-        await asyncio.sleep(0.1)
+        await loop.run_in_executor(None, building.wait, 30)      # the submit is in the build now
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await asyncio.sleep(0.5)            # the submit thread finishes its build and submits
-        engine.drain()                      # (the loop stays open: a closed one would abort it on delivery)
+        release.set()
+        await loop.shutdown_default_executor()    # the submit thread has finished (this loop stays open: a
+        engine.drain()                            # closed one would abort the request on its first delivery)
         return engine.debug_state()
     state = asyncio.run(give_up())
     assert all("given-up" not in ids for ids in state.values()), state
