@@ -93,7 +93,7 @@ def speak_tab(engine, library, settings: ServingSettings, options: UiOptions, se
 
     from tts_engine.audio import encode_audio
     from tts_engine.request import RequestAborted, RequestError, SpeechRequest
-    from tts_engine.serving.realtime import TAIL_SILENCE, Preroll
+    from tts_engine.serving.realtime import TAIL_SILENCE, PlaybackClock, Preroll
     from tts_engine.serving.voice_library import voice_request_fields
 
     config, kind = engine.config, engine.config.model_type
@@ -145,14 +145,14 @@ def speak_tab(engine, library, settings: ServingSettings, options: UiOptions, se
         me = Utterance(uuid.uuid4().hex, get_current_context().webrtc_id)
         active[ui_session] = me
         held = Preroll(settings.preroll_s)
-        playing_since, queued_s = None, 0.0   # when the first audio was handed to fastrtc; how much since
+        playing_since, playback = None, PlaybackClock()   # when the first audio was handed to fastrtc
         try:
             for chunk in engine.stream(request, request_id=me.request_id):
                 if first is None:
                     first = time.perf_counter() - start
                 pieces.append(chunk.audio)
                 for piece in held.push(chunk.audio, chunk.is_finished):
-                    queued_s += piece.shape[0] / SAMPLE_RATE
+                    playback.hand_over(piece.shape[0])
                     if playing_since is None:   # live: time to first audio as soon as playback starts
                         playing_since = time.perf_counter()
                         publish(me.webrtc_id, f"**Time to first audio:** {1000 * (playing_since - start):.0f} ms"
@@ -174,9 +174,9 @@ def speak_tab(engine, library, settings: ServingSettings, options: UiOptions, se
                             f"**RTF:** {rtf:.2f} · {seconds:.2f} s of audio, {m.frames} frames")
             # fastrtc queues every frame at once and sends them at real-time pace, so generation ends long
             # before the listener hears the end. The utterance stays Stop-able, and its final status and the
-            # end of the stream wait, until the queued audio has played (or Stop wakes us).
-            if playing_since is not None:
-                me.stopped.wait(max(0.0, playing_since + queued_s - time.perf_counter()))
+            # end of the stream wait, until the queued audio has played (or Stop wakes us). Slower than real
+            # time (a loaded CPU), playback waited for audio in between: the clock counts those gaps too.
+            me.stopped.wait(playback.remaining())
             if me.stopped.is_set():
                 return
             publish(me.webrtc_id, info, str(path), ended=True)

@@ -11,7 +11,7 @@ import numpy as np
 from prometheus_client import REGISTRY
 
 from tts_engine.request import RequestMetrics, StreamingChunkOutput
-from tts_engine.serving.realtime import TAIL_SILENCE, SpeechSession
+from tts_engine.serving.realtime import TAIL_SILENCE, PlaybackClock, SpeechSession
 from tts_engine.serving.speaker import ClauseSpeaker
 
 SR = 24000
@@ -127,3 +127,36 @@ def test_a_webrtc_session_counts_underruns_when_audio_comes_slower_than_it_plays
     slow = _play(StandInEngine(chunks=4, delay_s=0.25), "Too slow. Gaps.")
     assert slow.underruns >= 3 and slow.underrun_s > 0.1
     assert _counter("tts_playback_underruns_total") - before == slow.underruns
+
+    # ... and a session's stats say so, for the agent that drives it
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from tts_engine.serving.realtime import realtime_router
+    from tts_engine.serving.settings import ServingSettings
+
+    class Config:
+        supported_languages = ["english"]
+
+    engine = StandInEngine()
+    engine.config = Config()
+    app = FastAPI()
+    app.include_router(realtime_router(engine, None, ServingSettings(), {"slow": slow, "fast": fast}))
+    with TestClient(app) as client:
+        answer = client.get("/v1/realtime/stats/slow").json()
+        assert answer["underruns"] == slow.underruns and answer["underrun_s"] == round(slow.underrun_s, 4)
+        assert len(answer["clauses"]) == len(slow.stats) == 2
+        assert client.get("/v1/realtime/stats/fast").json()["underruns"] == 0
+
+
+def test_the_playback_clock_moves_the_end_back_by_each_gap():
+    """A transport that ran dry waits for the next piece, so audio handed over late ends later than the sum of
+    the durations (the demo's "Finished" waited for that sum and came while audio still played)."""
+    clock = PlaybackClock()
+    assert clock.hand_over(SR, now=100.0) == 0.0          # 1 s, plays 100-101
+    assert clock.hand_over(SR // 2, now=100.2) == 0.0     # queued behind it: 101-101.5
+    assert clock.remaining(now=100.5) == 1.0
+    assert clock.hand_over(SR, now=102.0) == 0.5          # ran dry at 101.5: heard 0.5 s of silence, 102-103
+    assert clock.remaining(now=102.5) == 0.5 and clock.remaining(now=104.0) == 0.0
+    clock.reset()
+    assert clock.hand_over(SR, now=200.0) == 0.0 and clock.until == 201.0

@@ -53,11 +53,38 @@ class Preroll:
         return []
 
 
+class PlaybackClock:
+    """When the audio handed to a real-time transport so far will have played.
+
+    The transport plays at real-time pace and waits when it has nothing queued, so a piece handed over after
+    the previous audio ran out starts late: the end is `max(end, now) + duration`, not the sum of durations.
+    A listener's gaps (underruns) therefore move the end back, and `hand_over` reports each one.
+    """
+
+    def __init__(self):
+        self.until = 0.0   # monotonic time at which everything handed over has played; 0 = nothing yet
+
+    def hand_over(self, samples: int, now: float | None = None) -> float:
+        """Account a piece of `samples` handed over now; returns the silence the listener heard before it
+        (0.0 when audio was still queued, or for the first piece)."""
+        now = time.monotonic() if now is None else now
+        gap = now - self.until if 0.0 < self.until < now else 0.0
+        self.until = max(self.until, now) + samples / SAMPLE_RATE
+        return gap
+
+    def remaining(self, now: float | None = None) -> float:
+        """Seconds of handed-over audio not yet played."""
+        return max(0.0, self.until - (time.monotonic() if now is None else now))
+
+    def reset(self) -> None:
+        self.until = 0.0
+
+
 class SpeechSession(ClauseSpeaker):
     """One voice-agent conversation over WebRTC: clauses spoken in turn (`ClauseSpeaker`), their audio queued
     on `audio` for the track. `on_interrupt` lets the transport drop what it already holds.
 
-    Underruns: the session keeps the time its audio so far will have played (`playing_until`); audio of an
+    Underruns: the session keeps the time its audio so far will have played (`playback`); audio of an
     utterance that arrives after that moment means the listener heard a gap mid-utterance. Each is
     counted (`underruns`, `underrun_s`, and the process-wide Prometheus counters).
     """
@@ -69,13 +96,13 @@ class SpeechSession(ClauseSpeaker):
         self.preroll_s = preroll_s
         self.on_interrupt = on_interrupt
         self.audio: asyncio.Queue[np.ndarray] = asyncio.Queue()   # float32 24 kHz pieces, in play order
-        self.playing_until = 0.0   # when the audio handed out so far will have played (monotonic)
+        self.playback = PlaybackClock()
         self.in_utterance = False  # audio of an unfinished utterance has been handed out
         self.underruns, self.underrun_s = 0, 0.0
         self._held: Preroll | None = None
 
     def begin_clause(self, clause: Clause) -> None:
-        self._held = Preroll(self.preroll_s - max(0.0, self.playing_until - time.monotonic()))
+        self._held = Preroll(self.preroll_s - self.playback.remaining())
 
     async def on_audio(self, audio: np.ndarray, finished: bool) -> None:
         for piece in self._held.push(audio, finished):
@@ -91,18 +118,17 @@ class SpeechSession(ClauseSpeaker):
         self.in_utterance = False
 
     async def _play(self, audio: np.ndarray) -> None:
-        now = time.monotonic()
-        if self.in_utterance and self.playing_until < now:
+        gap = self.playback.hand_over(audio.shape[-1])
+        if self.in_utterance and gap > 0.0:
             self.underruns += 1
-            self.underrun_s += now - self.playing_until
+            self.underrun_s += gap
             UNDERRUNS.inc()
-            UNDERRUN_SECONDS.inc(now - self.playing_until)
+            UNDERRUN_SECONDS.inc(gap)
         self.in_utterance = True
-        self.playing_until = max(self.playing_until, now) + audio.shape[-1] / SAMPLE_RATE
         await self.audio.put(audio)
 
     def interrupt(self) -> None:
-        self.playing_until = 0.0
+        self.playback.reset()
         self.in_utterance = False
         self.cancel()
         while not self.audio.empty():
@@ -150,8 +176,10 @@ def realtime_router(engine, library: VoiceLibrary, settings: ServingSettings, se
         session_for(body.webrtc_id).interrupt()
         return {"webrtc_id": body.webrtc_id, "interrupted": True}
 
-    @router.get("/v1/realtime/stats/{webrtc_id}", summary="Per-clause latency of a session")
+    @router.get("/v1/realtime/stats/{webrtc_id}", summary="Per-clause latency and playback gaps of a session")
     async def stats(webrtc_id: str) -> dict:
-        return {"webrtc_id": webrtc_id, "clauses": session_for(webrtc_id).stats}
+        session = session_for(webrtc_id)
+        return {"webrtc_id": webrtc_id, "clauses": session.stats,
+                "underruns": session.underruns, "underrun_s": round(session.underrun_s, 4)}
 
     return router
