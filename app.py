@@ -28,7 +28,7 @@ import numpy as np
 
 from tts_engine.serving.sample_voice import ensure_sample_voice, voice_choices
 from tts_engine.serving.server import engine_batch
-from tts_engine.serving.settings import DEFAULT_MODEL, ServingSettings
+from tts_engine.serving.settings import DEFAULT_MODEL, ServingSettings, preroll_seconds
 from tts_engine.serving.webrtc import build_agent_api
 
 ROOT = Path(__file__).resolve().parent
@@ -511,10 +511,10 @@ def main(argv: list[str] | None = None) -> None:
         with tempfile.TemporaryDirectory(prefix="tts_utterances_") as downloads:
             library = VoiceLibrary(Path(args.voices), engine.config)
             ensure_sample_voice(engine, library)
-            preroll_ms = args.preroll_ms if args.preroll_ms is not None else (0 if engine.device.type == "cuda" else 800)
             settings = ServingSettings(max_input_chars=args.max_input_chars, max_sessions=args.max_sessions,
                                        session_connect_timeout_s=args.session_connect_timeout_s,
-                                       preroll_s=preroll_ms / 1000, drain_s=args.drain_s)
+                                       preroll_s=preroll_seconds(args.preroll_ms, engine.device.type == "cuda"),
+                                       drain_s=args.drain_s)
             lifecycle = Lifecycle()
             app = build_app(engine, library, settings, lifecycle, UiOptions(demo=args.demo, downloads=Path(downloads)))
             serve(app, engine, lifecycle, args.host, args.port, settings.drain_s)

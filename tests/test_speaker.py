@@ -11,7 +11,7 @@ import numpy as np
 from prometheus_client import REGISTRY
 
 from tts_engine.request import RequestMetrics, StreamingChunkOutput
-from tts_engine.serving.realtime import TAIL_SILENCE, PlaybackClock, SpeechSession
+from tts_engine.serving.realtime import TAIL_SILENCE, PlaybackClock, Preroll, SpeechSession
 from tts_engine.serving.speaker import ClauseSpeaker
 
 SR = 24000
@@ -160,3 +160,17 @@ def test_the_playback_clock_moves_the_end_back_by_each_gap():
     assert clock.remaining(now=102.5) == 0.5 and clock.remaining(now=104.0) == 0.0
     clock.reset()
     assert clock.hand_over(SR, now=200.0) == 0.0 and clock.until == 201.0
+
+
+def test_the_preroll_holds_the_first_audio_back_then_passes_everything_through():
+    held = Preroll(0.1)                                    # 2,400 samples
+    assert held.push(np.ones(1000, np.float32), False) == []
+    assert held.push(np.zeros(0, np.float32), False) == []
+    out = held.push(np.full(1500, 2, np.float32), False)   # 2,500 >= 2,400: all of it, in order, as one piece
+    assert len(out) == 1 and out[0].shape == (2500,) and out[0][999] == 1 and out[0][1000] == 2
+    assert [a.shape for a in held.push(np.ones(10, np.float32), False)] == [(10,)]   # then straight through
+    short = Preroll(1.0)                                   # an utterance shorter than the pre-roll plays at its end
+    assert short.push(np.ones(100, np.float32), False) == []
+    assert [a.shape for a in short.push(np.ones(50, np.float32), True)] == [(150,)]
+    assert [a.shape for a in Preroll(0.0).push(np.ones(5, np.float32), False)] == [(5,)]
+    assert Preroll(-1.0).push(np.zeros(0, np.float32), True) == []

@@ -294,7 +294,7 @@ class TTSReplica:
         from tts_engine import TTSEngine
         from tts_engine.serving.lifecycle import READY, Lifecycle
         from tts_engine.serving.sample_voice import ensure_sample_voice
-        from tts_engine.serving.settings import DEFAULT_MODEL, ServingSettings
+        from tts_engine.serving.settings import DEFAULT_MODEL, ServingSettings, preroll_seconds
         from tts_engine.serving.voice_library import VoiceLibrary
         from tts_engine.serving.webrtc import build_agent_api
 
@@ -318,13 +318,11 @@ class TTSReplica:
         self.engine = engine = TTSEngine.from_pretrained(model, stage_config=config)
         self.library = VoiceLibrary(_resolve(options.get("voices") or "voices"), engine.config)
         ensure_sample_voice(engine, self.library)
-        preroll_ms = options.get("preroll_ms")
-        preroll_ms = preroll_ms if preroll_ms is not None else (0 if engine.device.type == "cuda" else 800)
         defaults = ServingSettings()
         settings = ServingSettings(max_input_chars=int(options.get("max_input_chars", defaults.max_input_chars)),
                                    max_sessions=options.get("max_sessions", defaults.max_sessions),
                                    max_concurrent=options.get("max_concurrent", _serve_admission(context)),
-                                   preroll_s=preroll_ms / 1000)
+                                   preroll_s=preroll_seconds(options.get("preroll_ms"), engine.device.type == "cuda"))
         lifecycle = Lifecycle()
         self.api, warning = build_agent_api(engine, self.library, settings, lifecycle)
         if warning:

@@ -21,6 +21,12 @@ DEFAULT_MODEL = "Qwen/Qwen3-TTS-12Hz-0.6B-Base"   # what app.py and the Serve re
 MIN_CONCURRENT = 8
 
 
+def preroll_seconds(configured_ms: int | None, on_gpu: bool) -> float:
+    """WebRTC pre-roll: what was asked for, else none on a GPU (many times real time) and 800 ms on a CPU,
+    whose engine runs only a little faster than real time (and slower under load)."""
+    return (configured_ms if configured_ms is not None else (0 if on_gpu else 800)) / 1000
+
+
 @dataclass
 class ServingSettings:
     max_input_chars: int = 5000               # longer text -> 400 input_too_long (HTTP, UI, realtime)
