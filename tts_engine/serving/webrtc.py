@@ -61,6 +61,17 @@ def patch_fastrtc_track_end() -> None:
     ServerToClientAudio.recv = recv
 
 
+def restart_timeline(track) -> None:
+    """Let the next frame of a fastrtc generator track (`ServerToClientAudio`, the UI's) start its timeline
+    anew. That track paces frames by the stream's timeline since its first frame and never starts it again
+    (fastrtc's handler tracks do, after 200 ms without frames), so frames that come after the track ran dry
+    are late on it and go out at once, in a burst, until the timeline has caught up; a browser's jitter buffer
+    answers a burst by holding or dropping audio. Call it when the track has played everything it was given
+    (`PlaybackClock.hand_over` reports a gap): it is then waiting for its queue, and the next frame it takes
+    anchors the timeline. Should a frame still be queued after all, the new timeline starts one frame early."""
+    track._start = None   # fastrtc 0.0.34: None = anchor at the next frame (as its `clear_queue` does)
+
+
 def make_agent_handler_class():
     from fastrtc import AsyncStreamHandler, wait_for_item
 
