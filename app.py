@@ -29,7 +29,7 @@ import numpy as np
 from tts_engine.serving.sample_voice import ensure_sample_voice, voice_choices
 from tts_engine.serving.server import engine_batch
 from tts_engine.serving.settings import DEFAULT_MODEL, ServingSettings, preroll_seconds
-from tts_engine.serving.webrtc import build_agent_api, restart_timeline
+from tts_engine.serving.webrtc import build_agent_api
 
 ROOT = Path(__file__).resolve().parent
 SAMPLE_RATE = 24000
@@ -152,8 +152,7 @@ def speak_tab(engine, library, settings: ServingSettings, options: UiOptions, se
                     first = time.perf_counter() - start
                 pieces.append(chunk.audio)
                 for piece in held.push(chunk.audio, chunk.is_finished):
-                    if playback.hand_over(piece.shape[0]) > 0.0:   # the track ran dry before this piece
-                        restart_pacing(me.webrtc_id)
+                    playback.hand_over(piece.shape[0])
                     if playing_since is None:   # live: time to first audio as soon as playback starts
                         playing_since = time.perf_counter()
                         publish(me.webrtc_id, f"**Time to first audio:** {1000 * (playing_since - start):.0f} ms"
@@ -193,13 +192,6 @@ def speak_tab(engine, library, settings: ServingSettings, options: UiOptions, se
         finally:
             if active.get(ui_session) is me:
                 active.pop(ui_session, None)
-
-    def restart_pacing(webrtc_id: str) -> None:
-        """After the engine fell behind playback (a loaded CPU), pace the next audio from now, not as a catch-up
-        burst (`restart_timeline`)."""
-        for track in audio_out.connections.get(webrtc_id, []):
-            if isinstance(track, ServerToClientAudio):
-                restart_timeline(track)
 
     def silence(webrtc_id: str) -> bool:
         """End a UI connection's audio *now*. The generator hands fastrtc the audio far ahead of playback

@@ -3,8 +3,9 @@
 fastrtc's generator track (`ServerToClientAudio`, the one the Gradio demo streams on) paces its frames by the
 stream's timeline since the first frame. When the generator hands over audio after the track has played
 everything (a loaded CPU: the engine slower than real time), those frames are late on that timeline and would
-go out in a burst; app.py then calls `restart_timeline`, and they go out at real-time pace from that moment.
-Runs the real fastrtc track without a peer connection: the test takes frames with `recv()` as aiortc would.
+go out in a burst; patched (`patch_fastrtc_generator_track`, as the app is), they go out at real-time pace from
+the first late one. Runs the real fastrtc track without a peer connection: the test takes frames with `recv()`
+as aiortc would.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 
 import numpy as np
 
-from tts_engine.serving.webrtc import restart_timeline
+from tts_engine.serving.webrtc import patch_fastrtc_generator_track
 
 SR = 24000
 FRAME_S = 0.02          # fastrtc's frames: 20 ms
@@ -22,26 +23,26 @@ LATE_S = 1.0            # the second piece comes this long after the first was h
 
 
 def _frame_times_of_the_late_piece() -> list[float]:
+    from aiortc.mediastreams import MediaStreamError
     from fastrtc.tracks import ServerToClientAudio
     from fastrtc.utils import Context
 
+    patch_fastrtc_generator_track()
     first, late = np.full(SR // 5, 0.1, np.float32), np.full(SR, 0.2, np.float32)   # 0.2 s, then 1 s
-    track: ServerToClientAudio
 
     def speak():
         yield SR, first.reshape(1, -1)
         time.sleep(LATE_S)                 # the engine falls behind: the track plays 0.2 s, then has nothing
-        restart_timeline(track)            # what app.py does when its playback clock reports the gap
         yield SR, late.reshape(1, -1)
 
     async def main() -> list[float]:
-        nonlocal track
         track = ServerToClientAudio(speak, Context("pacing-test"))
         track.set_args(["pacing-test"])
         times = []
         while True:
-            frame = await asyncio.wait_for(track.recv(), 30)
-            if frame is None:              # the generator ended (fastrtc stops the track)
+            try:
+                frame = await asyncio.wait_for(track.recv(), 30)
+            except MediaStreamError:       # the generator ended (the patched track says so)
                 break
             if frame.pts / frame.sample_rate >= first.shape[0] / SR:   # a frame of the late piece
                 times.append(time.monotonic())

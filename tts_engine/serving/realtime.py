@@ -59,8 +59,8 @@ class PlaybackClock:
     The transport plays at real-time pace and waits when it has nothing queued, so a piece handed over after
     the previous audio ran out starts late: the end is `max(end, now) + duration`, not the sum of durations.
     A listener's gaps (underruns) therefore move the end back, and `hand_over` reports each one. (fastrtc's
-    tracks keep to this after a gap only if re-anchored: the UI's by `webrtc.restart_timeline`, the agents'
-    by fastrtc itself after 200 ms without frames; a shorter gap goes out there as a catch-up burst.)
+    tracks keep to this after a gap only if re-anchored: the UI's by `webrtc.patch_fastrtc_generator_track`,
+    the agents' by fastrtc itself after 200 ms without frames; a shorter gap goes out there as a catch-up burst.)
     """
 
     def __init__(self):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import Any
 
 from tts_engine.serving.settings import ServingSettings
@@ -39,37 +40,42 @@ def rtc_configuration() -> tuple[Any, Any, str | None]:
     return {"iceServers": []}, {"iceServers": []}, warning
 
 
-def patch_fastrtc_track_end() -> None:
-    """fastrtc 0.0.34's `ServerToClientAudio.recv()` stops the track and *returns None* when the stream
-    ends (CloseStream or the generator's end). aiortc's RTCRtpSender then hands None to the Opus encoder's
-    `pack()` and logs "AttributeError: 'NoneType' object has no attribute 'pts'" with a traceback for every
-    UI utterance. An aiortc track says it has ended by raising MediaStreamError, which the sender expects."""
+LATE_FRAME_S = 0.04   # a frame this late on its track's timeline starts the timeline anew (see below)
+
+
+def patch_fastrtc_generator_track() -> None:
+    """Two fixes to fastrtc 0.0.34's generator track (`ServerToClientAudio`, the one the UI streams on).
+
+    End: its `recv()` stops the track and *returns None* when the stream ends (CloseStream or the generator's
+    end). aiortc's RTCRtpSender then hands None to the Opus encoder's `pack()` and logs "AttributeError:
+    'NoneType' object has no attribute 'pts'" with a traceback for every UI utterance. An aiortc track says
+    it has ended by raising MediaStreamError, which the sender expects.
+
+    Pacing: it paces frames by the stream's timeline since its first frame and never starts it again
+    (fastrtc's handler tracks do, after 200 ms without frames). When the engine falls behind playback (a
+    loaded CPU), the frames that come after the track ran dry are late on that timeline and went out at once,
+    in a burst, until it had caught up; a browser's jitter buffer answers a burst by holding or dropping
+    audio. A frame more than `LATE_FRAME_S` late now goes out at once and the timeline restarts at it, so
+    the frames after it are paced from there.
+    """
     from aiortc.mediastreams import MediaStreamError
     from fastrtc.tracks import ServerToClientAudio
 
     original = ServerToClientAudio.recv
-    if getattr(original, "ends_cleanly", False):
+    if getattr(original, "patched_here", False):
         return
 
     async def recv(self):
         frame = await original(self)
         if frame is None:      # the track has just been stopped by fastrtc
             raise MediaStreamError
+        now = time.time()      # fastrtc's clock for `_start`
+        if self._start is not None and frame.time is not None and now - (self._start + frame.time) > LATE_FRAME_S:
+            self._start = now - frame.time
         return frame
 
-    recv.ends_cleanly = True
+    recv.patched_here = True
     ServerToClientAudio.recv = recv
-
-
-def restart_timeline(track) -> None:
-    """Let the next frame of a fastrtc generator track (`ServerToClientAudio`, the UI's) start its timeline
-    anew. That track paces frames by the stream's timeline since its first frame and never starts it again
-    (fastrtc's handler tracks do, after 200 ms without frames), so frames that come after the track ran dry
-    are late on it and go out at once, in a burst, until the timeline has caught up; a browser's jitter buffer
-    answers a burst by holding or dropping audio. Call it when the track has played everything it was given
-    (`PlaybackClock.hand_over` reports a gap): it is then waiting for its queue, and the next frame it takes
-    anchors the timeline. Should a frame still be queued after all, the new timeline starts one frame early."""
-    track._start = None   # fastrtc 0.0.34: None = anchor at the next frame (as its `clear_queue` does)
 
 
 def make_agent_handler_class():
@@ -162,6 +168,6 @@ def build_agent_api(engine, library, settings: ServingSettings, lifecycle=None):
     # audio socket for the agent handler) and POST /telephone/incoming + WS /telephone/handler (Twilio),
     # unauthenticated, undocumented and untested here.
     app.post("/webrtc/offer", tags=["realtime"], summary="Open a WebRTC session (fastrtc signalling)")(offer)
-    patch_fastrtc_track_end()
+    patch_fastrtc_generator_track()
     app.state.rtc = (rtc_client, rtc_server)
     return app, rtc_warning
