@@ -15,7 +15,6 @@ settings and step counters are uploaded only when the batch composition changes.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import threading
@@ -108,13 +107,6 @@ class TalkerStage:
         self._commands: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self.step_log = StepLog()
-        # Frames go on to Stage 1 from a stream of their own that waits only for the code predictor (the event
-        # `decode_embeddings` records), not for the talker's forward and sampling queued behind it on the
-        # steps' stream: Stage 1 starts a chunk ~a talker forward sooner. Off (the bench's `late-handover`),
-        # it waits for everything the step queued, as frames did when they were stacked on the steps' stream.
-        self._handover = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._frames_made = torch.cuda.Event() if device.type == "cuda" else None
-        self.early_handover = True
         if self.device.type == "cuda" and not engine.enforce_eager:
             # One graph per batch bucket up to the engine's batch limit, captured before serving.
             self.model.code_predictor.enable_cuda_graphs(engine.max_num_seqs)
@@ -267,21 +259,7 @@ class TalkerStage:
         for state in states:
             self._release(state, error)
 
-    def _handover_stream(self):
-        """The stream frames are stacked, chunked and handed to Stage 1 on (see `__init__`)."""
-        if self._handover is None:
-            return contextlib.nullcontext()
-        if self.early_handover:
-            self._handover.wait_event(self._frames_made)
-        else:
-            self._handover.wait_stream(torch.cuda.current_stream(self.device))
-        return torch.cuda.stream(self._handover)
-
     def _deliver(self, outputs) -> None:
-        with self._handover_stream():
-            self._hand_out(outputs)
-
-    def _hand_out(self, outputs) -> None:
         finished = {}
         for out in outputs:
             state = self._by_id.get(out.request_id)
@@ -313,9 +291,6 @@ class TalkerStage:
         c0_embed = embed_tokens(token_ids)
         codes, frame_embed = self.model.code_predictor.predict(hidden, c0_embed, batch.sampling)
         frames = torch.cat([token_ids.unsqueeze(1), codes], dim=1)
-        if self._handover is not None:
-            self._frames_made.record()
-            frames.record_stream(self._handover)     # read there, after this step's tensors are freed here
         self._seen_table[batch.slots, token_ids] = True
         text = []
         for i, s in enumerate(states):

@@ -425,7 +425,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "gc-unfrozen": {"gc_frozen": False},                               # no gc.freeze() after the warm-up
     "prompt-uncached": {"prompt_cache": False},                        # every prompt embeds its constant parts
     "first-chunk-once": {"initial_chunk_repeats": 1},                  # 1, 2, 4, ...: chunk 2 takes twice the steps
-    "late-handover": {"early_handover": False},                        # Stage 1 waits for the talker's whole step
     # a candidate (switched on): shorter Stage 1 calls (4 x 25 frames, not 16 x 25)
     "decoder-calls-100-frames": {"decoder_batch_frames": 100},
 }
@@ -474,9 +473,6 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
         elif key == "host_syncs":
             previous[key] = "decode_embeddings" in vars(engine.talker)
             _host_syncs(engine.talker, value)
-        elif key == "early_handover":
-            previous[key] = engine.talker.early_handover
-            engine.talker.early_handover = value
         elif key == "decoder_graphs":
             previous[key] = getattr(engine.decoder, "use_graphs", False)
             engine.decoder.use_graphs = value
