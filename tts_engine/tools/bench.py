@@ -408,7 +408,7 @@ async def run_arrivals(args, level: int, one: Callable[[int, float], Awaitable[H
 
 
 # rows of a run that are not load levels (component timings, the kernel profile): kept out of the tables
-AUX_ROWS = ("component", "kernel profile")
+AUX_ROWS = ("component", "kernel profile", "burst profile")
 
 VARIANTS: dict[str, dict[str, Any]] = {
     # name: settings applied to a running engine (see apply_variant); each switches one optimization off
@@ -720,6 +720,13 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
             summary = kernel_profile.profile_requests(
                 engine, [make_request(args, 90_000 + i, voice) for i in range(args.kernel_profile)])
             report({"name": "kernel profile", "level": 1, **summary})
+        for pair in filter(None, (args.burst_profile or "").split(",")):
+            from tts_engine.tools import burst_profile
+            running, burst = (int(n) for n in pair.split("x"))
+            summary = burst_profile.profile_burst(
+                engine, lambda i, frames: make_request(argparse.Namespace(**{**vars(args), "frames": frames}), i, voice),
+                running, burst, burst_frames=args.frames, running_frames=8 * args.frames)
+            report({"name": "burst profile", "level": burst, **summary})
     finally:
         STEPS.log = None
         engine.close()
@@ -1292,6 +1299,9 @@ def parse_args(argv=None):
     out.add_argument("--kernel-profile", type=int, default=0, metavar="N",
                      help="GPU: then run N requests one at a time under torch.profiler: GPU busy share and the "
                           "kernels per frame (tools/kernel_profile.py)")
+    out.add_argument("--burst-profile", metavar="RUNNINGxBURST,...",
+                     help="then, per pair, submit BURST requests at once beside RUNNING streams under torch.profiler: "
+                          "each Stage 0 step of the burst, its GPU and host time (tools/burst_profile.py)")
     out.add_argument("--label", default="", help="free text stored with the results")
     args = ap.parse_args(argv)
     if not (args.webrtc or args.url or args.model or args.demo or args.combine):
@@ -1354,6 +1364,9 @@ def main(argv=None) -> int:
         if row.get("name") == "kernel profile":
             from tts_engine.tools.kernel_profile import markdown as kernel_markdown
             table += "\n\n" + kernel_markdown(row)
+        if row.get("name") == "burst profile":
+            from tts_engine.tools.burst_profile import markdown as burst_markdown
+            table += "\n\n" + burst_markdown(row)
     if doc.get("ratio"):
         table += "\n\n" + markdown_table(doc["ratio"], [("metric", "metric"), ("first_chunk", "1st chunk"),
                                                        ("first_audible", "1st audible"), ("per_frame", "per frame"),

@@ -1,0 +1,158 @@
+"""What a step that a burst of new requests joins spends its time on, on the GPU and on the host.
+
+At 64 closed-loop streams a request's first frame waits 8-12 Stage 0 steps, and the steps that new requests
+join have a p95 of 115-142 ms against ~15 ms for the others (BENCHMARKS.md, sixth pass), while the GPU
+arithmetic of a few hundred prompt tokens is a few ms. The step log says how long such a step takes, not
+why. This runs `running` long streams, waits until each is streaming, then submits `burst` requests at once
+under torch.profiler (host ops of every thread, CUDA kernels) until every one of them has its first chunk,
+and reports each Stage 0 step of that window: wall time, tokens vLLM launched in it, GPU busy time, kernel
+time per CUDA stream, and the host calls that took longest inside it (a `cudaStreamSynchronize` or a copy
+there is the host waiting for the GPU). Stage 1's decode rounds are marked too:
+
+    python -m tts_engine.tools.bench --demo 1.7b --concurrency 1 --burst-profile 48x16,0x64
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections import defaultdict
+from typing import Callable
+
+from tts_engine.tools.kernel_profile import Kernel, busy_us, is_copy, kernels_of
+
+STEP, ROUND = "tts::stage0_step", "tts::stage1_round"
+
+
+def _clipped_us(kernels: list[Kernel], start: float, end: float) -> float:
+    return busy_us([Kernel(k.name, k.stream, max(k.start_us, start), min(k.end_us, end))
+                    for k in kernels if k.end_us > start and k.start_us < end])
+
+
+def _listen(engine, request, first: threading.Event, stop: threading.Event) -> None:
+    stream = engine.stream(request)
+    try:
+        for chunk in stream:
+            if chunk.audio.size:
+                first.set()
+            if stop.is_set() or chunk.is_finished:
+                break
+    finally:
+        stream.close()              # aborts a request still running
+        first.set()                 # an error or an empty stream must not hang the profile
+
+
+def _start(engine, requests: list, stop: threading.Event) -> tuple[list[threading.Thread], list[threading.Event]]:
+    firsts = [threading.Event() for _ in requests]
+    threads = [threading.Thread(target=_listen, args=(engine, r, f, stop), daemon=True)
+               for r, f in zip(requests, firsts)]
+    for thread in threads:
+        thread.start()
+    return threads, firsts
+
+
+def profile_burst(engine, make_request: Callable[[int, int], object], running: int, burst: int,
+                  burst_frames: int = 50, running_frames: int = 400, timeout_s: float = 60.0) -> dict:
+    """`make_request(index, frames)` builds one request. Returns the window's steps (see module doc). On a
+    CPU engine there are no kernels, but the steps and their host calls are reported all the same."""
+    import torch
+    from torch._C._profiler import _ExperimentalConfig
+    from torch.autograd.profiler import record_function
+    from torch.profiler import ProfilerActivity, profile
+
+    talker, pipeline = engine.talker_engine, engine.pipeline
+    step, decode_round = talker.step, pipeline._decode_round
+    launched: list[int] = []
+
+    def traced_step():
+        with record_function(STEP):
+            outputs = step()
+        runner = talker.runner
+        launched.append(int(runner.query_start_loc.np[runner.input_batch.num_reqs]))
+        return outputs
+
+    def traced_round():
+        with record_function(ROUND):
+            return decode_round()
+
+    stop = threading.Event()
+    threads: list[threading.Thread] = []
+    talker.step, pipeline._decode_round = traced_step, traced_round
+    try:
+        started, firsts = _start(engine, [make_request(95_000 + i, running_frames) for i in range(running)], stop)
+        threads += started
+        deadline = time.monotonic() + timeout_s
+        for first in firsts:
+            first.wait(max(0.0, deadline - time.monotonic()))
+        on_gpu = torch.cuda.is_available() and engine.device.type == "cuda"
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+        # the stages' own threads, not only this one; CUDA synchronisation shown as events of its own
+        every_thread = _ExperimentalConfig(profile_all_threads=True, enable_cuda_sync_events=on_gpu)
+        with profile(activities=activities, experimental_config=every_thread) as prof:
+            launched.clear()
+            t0 = time.perf_counter()
+            started, firsts = _start(engine, [make_request(96_000 + i, burst_frames) for i in range(burst)], stop)
+            threads += started
+            for first in firsts:
+                first.wait(max(0.0, deadline - time.monotonic()))
+            window_s = time.perf_counter() - t0
+            if on_gpu:
+                torch.cuda.synchronize()
+            tokens = list(launched)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=30)
+        talker.step, pipeline._decode_round = step, decode_round
+    return summarize(prof.events(), kernels_of(prof), tokens, running, burst, window_s)
+
+
+def summarize(events, kernels: list[Kernel], tokens: list[int], running: int, burst: int, window_s: float,
+              top_host: int = 4) -> dict:
+    kernels = [k for k in kernels if not is_copy(k)]
+    steps = sorted((e for e in events if e.name == STEP), key=lambda e: e.time_range.start)
+    rounds = [e for e in events if e.name == ROUND]
+    stream_kernels: dict[int, list[Kernel]] = defaultdict(list)
+    time_by_name: dict[int, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for k in kernels:
+        stream_kernels[k.stream].append(k)
+        time_by_name[k.stream][k.name] += k.end_us - k.start_us
+    named = {s: max(names, key=names.get)[:60] for s, names in time_by_name.items()}   # what tells the streams apart
+    # host calls of the stepping thread, by start time, so each step finds its own with a bisection
+    stepping = {e.thread for e in steps}
+    host_calls = sorted(((e.time_range.start, e.time_range.end, e.name) for e in events
+                         if e.thread in stepping and e.name not in (STEP, ROUND)), key=lambda c: c[0])
+    starts = [c[0] for c in host_calls]
+    rows = []
+    for i, e in enumerate(steps):
+        start, end = e.time_range.start, e.time_range.end
+        host: dict[str, float] = defaultdict(float)
+        for call_start, call_end, name in host_calls[bisect.bisect_left(starts, start):bisect.bisect_right(starts, end)]:
+            if call_end <= end:
+                host[name] += call_end - call_start
+        by_stream = {str(s): round(_clipped_us(ks, start, end) / 1000, 2) for s, ks in stream_kernels.items()}
+        rows.append({
+            "wall_ms": round((end - start) / 1000, 2),
+            "tokens": tokens[i] if i < len(tokens) else None,
+            "gpu_busy_ms": round(_clipped_us(kernels, start, end) / 1000, 2),
+            "kernel_ms_by_stream": {s: ms for s, ms in by_stream.items() if ms > 0},
+            "stage1_rounds": sum(1 for r in rounds if r.time_range.start < end and r.time_range.end > start),
+            "host_top": [(name, round(us / 1000, 2)) for name, us in sorted(host.items(), key=lambda i: -i[1])[:top_host]],
+        })
+    return {"running": running, "burst": burst, "window_ms": round(window_s * 1000, 1), "steps": rows,
+            "streams": {str(s): {"top_kernel": named[s],
+                                 "kernel_ms": round(sum(k.end_us - k.start_us for k in ks) / 1000, 1)}
+                        for s, ks in stream_kernels.items()}}
+
+
+def markdown(summary: dict) -> str:
+    lines = [f"burst of {summary['burst']} requests beside {summary['running']} streaming: every first chunk in "
+             f"{summary['window_ms']} ms; streams: {summary['streams']}", "",
+             "| step | wall ms | tokens | GPU busy ms | kernel ms by stream | Stage 1 rounds | longest host calls (ms) |",
+             "|---|---|---|---|---|---|---|"]
+    for i, s in enumerate(summary["steps"]):
+        host = ", ".join(f"{n[:40]} {ms}" for n, ms in s["host_top"])
+        lines.append(f"| {i} | {s['wall_ms']} | {s['tokens']} | {s['gpu_busy_ms']} | {s['kernel_ms_by_stream']} | "
+                     f"{s['stage1_rounds']} | {host} |")
+    return "\n".join(lines)
