@@ -65,11 +65,19 @@ def test_end_to_end_tiny_fixed_frames(tmp_path):
     md = tmp_path / "bench.md"
     rc = main(["--demo", "tiny", "--demo-dir", str(tmp_path), "--concurrency", "1,2", "--frames", "12",
                "--requests", "2", "--warmup", "0", "--cold", "--keep-requests", "--json", str(out), "--markdown", str(md),
-               "--variants", "default,decoder-calls-100-frames", "--variant-levels", "1"])
+               "--variants", "default,decoder-calls-100-frames", "--variant-levels", "1", "--burst-profile", "1x2"])
     assert rc == 0
     doc = json.loads(out.read_text())
     assert doc["environment"]["torch"] and doc["checkpoint"]["demo"] == "tiny"
-    rows = doc["results"]
+    burst = [r for r in doc["results"] if r["name"] == "burst profile"]
+    rows = [r for r in doc["results"] if r["name"] != "burst profile"]
+    # the burst profile: both joining requests streamed beside the running one, and the profiler saw the stepping
+    # thread's steps (not only the caller's thread), the burst's prefill among them (more tokens than one a row)
+    assert len(burst) == 1 and burst[0]["errors"] == [] and burst[0]["running_streaming"] == 1
+    assert burst[0]["burst_first_chunks"] == 2
+    assert burst[0]["steps"] and max(s["tokens"] for s in burst[0]["steps"]) > 3
+    assert all(s["wall_ms"] > 0 and s["host_top"] for s in burst[0]["steps"])
+    assert "burst of 2 requests beside 1 streaming" in md.read_text()
     assert [(r["name"], r["level"]) for r in rows] == [
         ("ours/cold", 1), ("ours", 1), ("ours", 2), ("ours/decoder-calls-100-frames", 1)]
     assert rows[0]["startup_warmup"] == "full" and rows[0]["startup_warmup_s"] > 0

@@ -631,6 +631,7 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
     levels = [int(x) for x in args.concurrency.split(",")]
     closed = levels if args.arrival == "closed" else [64]        # Poisson: concurrency follows the arrivals
     closed = closed + [int(x) for x in (args.closed_levels or "").split(",") if x]
+    closed = closed + [sum(int(n) for n in pair.split("x")) for pair in (args.burst_profile or "").split(",") if pair]
     overrides: dict[str, Any] = {"max_num_seqs": args.max_num_seqs or max(max(closed), 1),
                                  "max_model_len": args.max_model_len}
     if args.device:

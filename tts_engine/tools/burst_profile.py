@@ -30,26 +30,38 @@ def _clipped_us(kernels: list[Kernel], start: float, end: float) -> float:
                     for k in kernels if k.end_us > start and k.start_us < end])
 
 
-def _listen(engine, request, first: threading.Event, stop: threading.Event) -> None:
-    stream = engine.stream(request)
-    try:
-        for chunk in stream:
-            if chunk.audio.size:
-                first.set()
-            if stop.is_set() or chunk.is_finished:
-                break
-    finally:
-        stream.close()              # aborts a request still running
-        first.set()                 # an error or an empty stream must not hang the profile
+class _Listener:
+    """One stream on a thread of its own: notes its first audio and how it ended."""
+
+    def __init__(self, engine, request, stop: threading.Event):
+        self.first = threading.Event()
+        self.error: str | None = None
+        self._thread = threading.Thread(target=self._listen, args=(engine, request, stop), daemon=True)
+        self._thread.start()
+
+    def _listen(self, engine, request, stop: threading.Event) -> None:
+        stream = engine.stream(request)
+        try:
+            for chunk in stream:
+                if chunk.audio.size:
+                    self.first.set()
+                if stop.is_set() or chunk.is_finished:
+                    break
+        except Exception as exc:     # reported in the summary, never hidden
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            stream.close()           # aborts a request still running
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
 
 
-def _start(engine, requests: list, stop: threading.Event) -> tuple[list[threading.Thread], list[threading.Event]]:
-    firsts = [threading.Event() for _ in requests]
-    threads = [threading.Thread(target=_listen, args=(engine, r, f, stop), daemon=True)
-               for r, f in zip(requests, firsts)]
-    for thread in threads:
-        thread.start()
-    return threads, firsts
+def _wait_first(listeners: list[_Listener], deadline: float) -> int:
+    """Wait until every listener has its first audio or ended with an error; how many have audio."""
+    for listener in listeners:
+        while not listener.first.wait(0.01) and listener.error is None and time.monotonic() < deadline:
+            pass
+    return sum(listener.first.is_set() for listener in listeners)
 
 
 def profile_burst(engine, make_request: Callable[[int, int], object], running: int, burst: int,
@@ -62,6 +74,9 @@ def profile_burst(engine, make_request: Callable[[int, int], object], running: i
     from torch.profiler import ProfilerActivity, profile
 
     talker, pipeline = engine.talker_engine, engine.pipeline
+    if running + burst > talker.max_num_seqs:
+        raise ValueError(f"a burst of {burst} beside {running} streams needs max_num_seqs >= {running + burst}, "
+                         f"the engine has {talker.max_num_seqs}: the burst would queue, not join")
     step, decode_round = talker.step, pipeline._decode_round
     launched: list[int] = []
 
@@ -77,14 +92,13 @@ def profile_burst(engine, make_request: Callable[[int, int], object], running: i
             return decode_round()
 
     stop = threading.Event()
-    threads: list[threading.Thread] = []
+    listeners: list[_Listener] = []
     talker.step, pipeline._decode_round = traced_step, traced_round
     try:
-        started, firsts = _start(engine, [make_request(95_000 + i, running_frames) for i in range(running)], stop)
-        threads += started
+        steady = [_Listener(engine, make_request(95_000 + i, running_frames), stop) for i in range(running)]
+        listeners += steady
         deadline = time.monotonic() + timeout_s
-        for first in firsts:
-            first.wait(max(0.0, deadline - time.monotonic()))
+        streaming = _wait_first(steady, deadline)
         on_gpu = torch.cuda.is_available() and engine.device.type == "cuda"
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
         # the stages' own threads, not only this one; CUDA synchronisation shown as events of its own
@@ -92,20 +106,22 @@ def profile_burst(engine, make_request: Callable[[int, int], object], running: i
         with profile(activities=activities, experimental_config=every_thread) as prof:
             launched.clear()
             t0 = time.perf_counter()
-            started, firsts = _start(engine, [make_request(96_000 + i, burst_frames) for i in range(burst)], stop)
-            threads += started
-            for first in firsts:
-                first.wait(max(0.0, deadline - time.monotonic()))
+            joining = [_Listener(engine, make_request(96_000 + i, burst_frames), stop) for i in range(burst)]
+            listeners += joining
+            heard = _wait_first(joining, time.monotonic() + timeout_s)
             window_s = time.perf_counter() - t0
             if on_gpu:
                 torch.cuda.synchronize()
             tokens = list(launched)
     finally:
         stop.set()
-        for thread in threads:
-            thread.join(timeout=30)
+        end = time.monotonic() + 60
+        for listener in listeners:
+            listener.join(max(0.0, end - time.monotonic()))
         talker.step, pipeline._decode_round = step, decode_round
-    return summarize(prof.events(), kernels_of(prof), tokens, running, burst, window_s)
+    summary = summarize(prof.events(), kernels_of(prof), tokens, running, burst, window_s)
+    errors = [listener.error for listener in listeners if listener.error]
+    return {**summary, "running_streaming": streaming, "burst_first_chunks": heard, "errors": errors[:5]}
 
 
 def summarize(events, kernels: list[Kernel], tokens: list[int], running: int, burst: int, window_s: float,
@@ -147,8 +163,9 @@ def summarize(events, kernels: list[Kernel], tokens: list[int], running: int, bu
 
 
 def markdown(summary: dict) -> str:
-    lines = [f"burst of {summary['burst']} requests beside {summary['running']} streaming: every first chunk in "
-             f"{summary['window_ms']} ms; streams: {summary['streams']}", "",
+    lines = [f"burst of {summary['burst']} requests beside {summary['running']} streaming "
+             f"({summary.get('running_streaming')} were): {summary.get('burst_first_chunks')} first chunks in "
+             f"{summary['window_ms']} ms; errors: {summary.get('errors') or 'none'}; CUDA streams: {summary['streams']}", "",
              "| step | wall ms | tokens | GPU busy ms | kernel ms by stream | Stage 1 rounds | longest host calls (ms) |",
              "|---|---|---|---|---|---|---|"]
     for i, s in enumerate(summary["steps"]):
