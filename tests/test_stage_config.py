@@ -178,14 +178,18 @@ def test_talker_graph_settings_reach_vllm_only_where_they_differ(tmp_path):
 
     default = load_stage_config(CONFIGS / "qwen3_tts.yaml").talker
     assert (default.cudagraph_mode, default.cudagraph_max_tokens) == ("FULL", 512)
-    assert _graph_args(False, default.cudagraph_mode, default.cudagraph_max_tokens) == {
+    assert _graph_args(False, default.cudagraph_mode, default.cudagraph_max_tokens, 4096) == {
         "compilation_config": {"cudagraph_mode": "FULL", "max_cudagraph_capture_size": 512}}
+    # full graphs longer than a sequence may be crash vLLM's capture: capped at max_model_len
+    assert _graph_args(False, "FULL", 2048, 1024) == {
+        "compilation_config": {"cudagraph_mode": "FULL", "max_cudagraph_capture_size": 1024}}
+    assert _graph_args(False, "FULL", 512, 256)["compilation_config"]["max_cudagraph_capture_size"] == 256
     path = _write(tmp_path, lambda d: d["stage_args"][0]["engine_args"].update(cudagraph_mode="FULL_AND_PIECEWISE"))
     talker = load_stage_config(path).talker
-    assert _graph_args(False, talker.cudagraph_mode, None) == {}              # vLLM's own settings: nothing to pass
-    assert _graph_args(False, talker.cudagraph_mode, 256) == {
+    assert _graph_args(False, talker.cudagraph_mode, None, 4096) == {}        # vLLM's own settings: nothing to pass
+    assert _graph_args(False, talker.cudagraph_mode, 256, 128) == {          # piecewise: mixed batches uncaptured
         "compilation_config": {"cudagraph_mode": "FULL_AND_PIECEWISE", "max_cudagraph_capture_size": 256}}
-    assert _graph_args(True, "FULL", 512) == {}                               # eager: no graphs
+    assert _graph_args(True, "FULL", 512, 4096) == {}                         # eager: no graphs
     vllm_own = _write(tmp_path, lambda d: d["stage_args"][0]["engine_args"].update(
         cudagraph_mode="FULL_AND_PIECEWISE", cudagraph_max_tokens=None))       # YAML null: vLLM's own size
     assert load_stage_config(vllm_own).talker.cudagraph_max_tokens is None

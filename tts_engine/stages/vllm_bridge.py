@@ -165,11 +165,21 @@ def derived_model_folder(checkpoint: Path, talker_config: dict, dtype: torch.dty
     return folder
 
 
-def _graph_args(enforce_eager: bool, mode: str, max_tokens: int | None) -> dict:
+def _graph_args(enforce_eager: bool, mode: str, max_tokens: int | None, max_model_len: int) -> dict:
     """vLLM's compilation settings for the talker's CUDA graphs, left out where they are vLLM's own (an eager
-    engine has no graphs to set)."""
+    engine has no graphs to set).
+
+    In `FULL` mode vLLM 0.23 captures each mixed prefill-decode graph with a dummy batch whose every sequence
+    is as long as the graph's token count, so a graph over `max_model_len` tokens reads past the block table
+    and the capture dies with an illegal memory access (seen on the H200: 2,048-token graphs, max_model_len
+    1,024). So the size is capped at max_model_len, with a warning: the engine starts, and steps of more
+    tokens than that run without a graph (raise max_model_len to capture them)."""
     if enforce_eager or (mode == "FULL_AND_PIECEWISE" and max_tokens is None):
         return {}
+    if mode == "FULL" and max_tokens is not None and max_tokens > max_model_len:
+        log.warning("talker CUDA graphs capped at max_model_len=%d tokens (asked: %d): vLLM cannot capture full "
+                    "graphs longer than a sequence may be", max_model_len, max_tokens)
+        max_tokens = max_model_len
     config: dict = {"cudagraph_mode": mode}
     if max_tokens is not None:
         config["max_cudagraph_capture_size"] = max_tokens
@@ -206,7 +216,7 @@ class TalkerEngine:
             seed=seed, disable_log_stats=True, async_scheduling=async_scheduling,
             kv_cache_memory_bytes=int(kv_cache_gib * 2**30) if kv_cache_gib else None,
             max_num_batched_tokens=max_batched_tokens,
-            **_graph_args(enforce_eager, cudagraph_mode, cudagraph_max_tokens),
+            **_graph_args(enforce_eager, cudagraph_mode, cudagraph_max_tokens, max_model_len),
         )
         self.engine = LLMEngine.from_engine_args(args)
         self.runner = self.engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner

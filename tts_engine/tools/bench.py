@@ -437,9 +437,10 @@ ENGINE_VARIANTS: dict[str, dict[str, Any]] = {
     # vLLM's own graphs: full graphs for decode-only steps only (a step a prefill joins runs piecewise, attention
     # eager) and up to 2 x max_num_seqs tokens
     "talker-piecewise-graphs": {"cudagraph_mode": "FULL_AND_PIECEWISE", "cudagraph_max_tokens": None},
-    # candidates for a burst of joins (switched on; not measured yet): graphs for every step vLLM may schedule
-    # (its 2,048-token budget), or a budget every step of which fits the 512-token graphs
-    "talker-graphs-2048": {"cudagraph_max_tokens": 2048},
+    # candidates for a burst of joins (switched on): graphs for every step vLLM may schedule (its 2,048-token
+    # budget; vLLM captures full graphs only up to max_model_len, so that is raised with it: not measured yet), or
+    # a budget every step of which fits the 512-token graphs (measured: BENCHMARKS seventh pass, not adopted)
+    "talker-graphs-2048": {"cudagraph_max_tokens": 2048, "max_model_len": 2048},
     "talker-budget-512": {"max_batched_tokens": 512},
 }
 
