@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tts_engine.models.qwen3_tts.code_predictor import CodePredictor  # noqa: E402
-from tts_engine.models.qwen3_tts.codec_decoder import Code2WavConfig, Code2WavDecoder  # noqa: E402
+from tts_engine.models.qwen3_tts.codec_decoder import Code2WavConfig, Code2WavDecoder, SnakeBeta  # noqa: E402
 from tts_engine.models.qwen3_tts.config import _read_talker, _Reader  # noqa: E402
 from tts_engine.models.qwen3_tts.sampling import BatchSampling, RowSampling  # noqa: E402
 from tts_engine.tools.demo_checkpoint import _full_decoder_config, demo_config, full_config  # noqa: E402
@@ -144,6 +144,11 @@ def decoder_bench(shape: str, device, cases, results: list, tf32: bool) -> None:
                "ms_per_audio_s": round(ms / (b * n * 0.08), 3)}
         if device.type == "cuda":
             row["graph_ms"] = round(_decoder_graph_ms(decoder, b, n, device), 3)
+            SnakeBeta.cache_scales = False      # the activations' weight-only math in every step, as before
+            try:
+                row["graph_ms_snake_uncached"] = round(_decoder_graph_ms(decoder, b, n, device), 3)
+            finally:
+                SnakeBeta.cache_scales = True
         results.append(row)
         print(json.dumps(row), flush=True)
 

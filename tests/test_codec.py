@@ -356,3 +356,31 @@ def test_released_config_builds_the_official_parameter_layout():
     assert {k: v.shape for k, v in ours.state_dict().items()} == ref_shapes
     assert ours.samples_per_frame == 1920
     assert 110e6 < sum(p.numel() for p in ours.parameters()) < 120e6  # 114.3M (reference doc 1.5)
+
+
+def test_snake_beta_keeps_its_scales_until_its_weights_change():
+    """The activation computes e^alpha and 1/(e^beta + 1e-9) once per weights (29 of them in a decode step):
+    the output must be the uncached formula's, bit for bit, and follow weights loaded or moved later."""
+    from tts_engine.models.qwen3_tts.codec_decoder import SnakeBeta
+
+    def uncached(act: SnakeBeta, x: torch.Tensor) -> torch.Tensor:
+        alpha, beta = act.alpha.exp()[None, :, None], act.beta.exp()[None, :, None]
+        return x + (1.0 / (beta + 1e-9)) * torch.sin(x * alpha).pow(2)
+
+    gen = torch.Generator().manual_seed(0)
+    act, x = SnakeBeta(6), torch.randn(2, 6, 50, generator=gen)
+    with torch.inference_mode():
+        assert torch.equal(act(x), uncached(act, x))                           # the zero init
+        act.load_state_dict({"alpha": torch.randn(6, generator=gen), "beta": torch.randn(6, generator=gen)})
+        assert torch.equal(act(x), uncached(act, x))                           # loaded in place
+        first = act(x)
+        with torch.no_grad():
+            act.beta.mul_(2)                                                   # changed in place
+        assert torch.equal(act(x), uncached(act, x)) and not torch.equal(act(x), first)
+        act.double()                                                           # moved: new storage
+        assert act(x.double()).dtype == torch.float64 and torch.equal(act(x.double()), uncached(act, x.double()))
+        SnakeBeta.cache_scales = False                                          # the microbench's switch
+        try:
+            assert torch.equal(act(x.double()), uncached(act, x.double()))
+        finally:
+            SnakeBeta.cache_scales = True
