@@ -5,13 +5,14 @@
 # and closed 64 (underruns by chunk index; Stage 0's step times, split by whether a request joined), the
 # breakdown and the kernel profile (idle time by gap length); each level's first-chunk path (queue, prompt,
 # admit, first frame, decode, delivery).
-# Knobs: MICRO / LOAD (1: run that part; each fits one 10-minute call), BATCHES (1,16,64), PREDICTOR_VARIANTS
+# Knobs: MICRO / LOAD (1: run that part; each fits one 10-minute call), DECODER (1: the microbench times the
+# decoder's graphs too, with and without SnakeBeta's cached scales), BATCHES (1,16,64), PREDICTOR_VARIANTS
 # (all), T_MICRO (300), and gpu_load_bench.sh's (defaults here: CONCURRENCY 20,1, CLOSED 64).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
 OUT=${OUT:-/tmp/bench_out}; mkdir -p "$OUT"
-[ "${MICRO:-1}" = 1 ] && { timeout ${T_MICRO:-300} python3 scripts/gpu_microbench.py --shapes 1.7b --batches ${BATCHES:-1,16,64} --skip-decoder \
+[ "${MICRO:-1}" = 1 ] && { timeout ${T_MICRO:-300} python3 scripts/gpu_microbench.py --shapes 1.7b --batches ${BATCHES:-1,16,64} $([ "${DECODER:-0}" = 1 ] || echo --skip-decoder) \
   ${PREDICTOR_VARIANTS:+--predictor-variants $PREDICTOR_VARIANTS} --out $OUT/predictor_micro.json \
   > $OUT/predictor_micro.log 2>&1
 echo "== microbench rc=$?"; grep -E '^\{' $OUT/predictor_micro.log | grep -E '"variant"|"what"' | cut -c1-600; }
