@@ -18,16 +18,18 @@ def test_each_step_gets_the_kernels_and_host_calls_inside_it():
               event("aten::copy_", 4100, 4300, thread=2),             # another thread: not this step's host time
               event(ROUND, 900, 1200, thread=3)]
     kernels = [Kernel("talker_gemm", 7, 0, 800), Kernel("decoder_conv", 9, 500, 3500),
-               Kernel("talker_gemm", 7, 3000, 4000), Kernel("Memcpy HtoD", 7, 0, 5000)]   # copies apart
+               Kernel("talker_gemm", 7, 3000, 4000), Kernel("Memcpy HtoD", 7, 0, 5000),   # copies apart
+               Kernel("Stream Sync", 14, 1100, 2900)]                             # the host waiting: apart too
     summary = summarize(events, kernels, [64, 640], running=48, burst=16, window_s=0.005)
     first, second = summary["steps"]
     assert first["wall_ms"] == 1.0 and first["tokens"] == 64
     assert first["gpu_busy_ms"] == 1.0                      # 0-800 and 500-1000 (clipped), overlapping
     assert first["kernel_ms_by_stream"] == {"7": 0.8, "9": 0.5}
     assert second["kernel_ms_by_stream"] == {"7": 1.0, "9": 2.5} and second["gpu_busy_ms"] == 3.0
+    assert first["host_waits_gpu_ms"] == 0 and second["host_waits_gpu_ms"] == 1.8
     assert first["stage1_rounds"] == 1 and second["stage1_rounds"] == 1
     assert first["host_top"] == [("aten::copy_", 0.1)]
     assert second["host_top"] == [("cudaStreamSynchronize", 2.9)]
     assert summary["streams"]["9"]["top_kernel"] == "decoder_conv"
     table = markdown({**summary, "running_streaming": 48, "burst_first_chunks": 16, "errors": []})
-    assert "| 1 | 4.0 | 640 | 3.0 |" in table and "16 first chunks" in table
+    assert "| 1 | 4.0 | 640 | 3.0 | 1.8 |" in table and "16 first chunks" in table

@@ -25,6 +25,11 @@ from tts_engine.tools.kernel_profile import Kernel, busy_us, is_copy, kernels_of
 STEP, ROUND = "tts::stage0_step", "tts::stage1_round"
 
 
+def is_sync(kernel: Kernel) -> bool:
+    """CUPTI's synchronisation records (`enable_cuda_sync_events`): the host waiting, not the GPU working."""
+    return kernel.name.endswith(" Sync") or kernel.name == "Stream Wait Event"
+
+
 def _clipped_us(kernels: list[Kernel], start: float, end: float) -> float:
     return busy_us([Kernel(k.name, k.stream, max(k.start_us, start), min(k.end_us, end))
                     for k in kernels if k.end_us > start and k.start_us < end])
@@ -126,7 +131,8 @@ def profile_burst(engine, make_request: Callable[[int, int], object], running: i
 
 def summarize(events, kernels: list[Kernel], tokens: list[int], running: int, burst: int, window_s: float,
               top_host: int = 4) -> dict:
-    kernels = [k for k in kernels if not is_copy(k)]
+    syncs = [k for k in kernels if is_sync(k)]
+    kernels = [k for k in kernels if not is_copy(k) and not is_sync(k)]
     steps = sorted((e for e in events if e.name == STEP), key=lambda e: e.time_range.start)
     rounds = [e for e in events if e.name == ROUND]
     stream_kernels: dict[int, list[Kernel]] = defaultdict(list)
@@ -152,6 +158,7 @@ def summarize(events, kernels: list[Kernel], tokens: list[int], running: int, bu
             "wall_ms": round((end - start) / 1000, 2),
             "tokens": tokens[i] if i < len(tokens) else None,
             "gpu_busy_ms": round(_clipped_us(kernels, start, end) / 1000, 2),
+            "host_waits_gpu_ms": round(_clipped_us(syncs, start, end) / 1000, 2),
             "kernel_ms_by_stream": {s: ms for s, ms in by_stream.items() if ms > 0},
             "stage1_rounds": sum(1 for r in rounds if r.time_range.start < end and r.time_range.end > start),
             "host_top": [(name, round(us / 1000, 2)) for name, us in sorted(host.items(), key=lambda i: -i[1])[:top_host]],
@@ -166,10 +173,10 @@ def markdown(summary: dict) -> str:
     lines = [f"burst of {summary['burst']} requests beside {summary['running']} streaming "
              f"({summary.get('running_streaming')} were): {summary.get('burst_first_chunks')} first chunks in "
              f"{summary['window_ms']} ms; errors: {summary.get('errors') or 'none'}; CUDA streams: {summary['streams']}", "",
-             "| step | wall ms | tokens | GPU busy ms | kernel ms by stream | Stage 1 rounds | longest host calls (ms) |",
-             "|---|---|---|---|---|---|---|"]
+             "| step | wall ms | tokens | GPU busy ms | host waits for the GPU ms | kernel ms by stream | Stage 1 rounds "
+             "| longest host calls (ms) |", "|---|---|---|---|---|---|---|---|"]
     for i, s in enumerate(summary["steps"]):
         host = ", ".join(f"{n[:40]} {ms}" for n, ms in s["host_top"])
-        lines.append(f"| {i} | {s['wall_ms']} | {s['tokens']} | {s['gpu_busy_ms']} | {s['kernel_ms_by_stream']} | "
-                     f"{s['stage1_rounds']} | {host} |")
+        lines.append(f"| {i} | {s['wall_ms']} | {s['tokens']} | {s['gpu_busy_ms']} | {s['host_waits_gpu_ms']} | "
+                     f"{s['kernel_ms_by_stream']} | {s['stage1_rounds']} | {host} |")
     return "\n".join(lines)
