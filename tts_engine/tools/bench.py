@@ -623,6 +623,15 @@ def default_stage_config(args, on_gpu: bool) -> Path:
     return REPO / "configs" / ("qwen3_tts_tiny_cpu.yaml" if args.demo == "tiny" else "qwen3_tts_cpu.yaml")
 
 
+def burst_pairs(args) -> list[tuple[int, int]]:
+    """`--burst-profile 48x16,0x64` as (running, burst) pairs."""
+    pairs = []
+    for pair in filter(None, (args.burst_profile or "").split(",")):
+        running, burst = pair.split("x")
+        pairs.append((int(running), int(burst)))
+    return pairs
+
+
 async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> list[dict]:
     import torch
 
@@ -632,7 +641,7 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
     levels = [int(x) for x in args.concurrency.split(",")]
     closed = levels if args.arrival == "closed" else [64]        # Poisson: concurrency follows the arrivals
     closed = closed + [int(x) for x in (args.closed_levels or "").split(",") if x]
-    closed = closed + [sum(int(n) for n in pair.split("x")) for pair in (args.burst_profile or "").split(",") if pair]
+    closed = closed + [running + burst for running, burst in burst_pairs(args)]   # a burst joins, it never queues
     overrides: dict[str, Any] = {"max_num_seqs": args.max_num_seqs or max(max(closed), 1),
                                  "max_model_len": args.max_model_len}
     if args.device:
@@ -722,9 +731,8 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
             summary = kernel_profile.profile_requests(
                 engine, [make_request(args, 90_000 + i, voice) for i in range(args.kernel_profile)])
             report({"name": "kernel profile", "level": 1, **summary})
-        for pair in filter(None, (args.burst_profile or "").split(",")):
+        for running, burst in burst_pairs(args):
             from tts_engine.tools import burst_profile
-            running, burst = (int(n) for n in pair.split("x"))
             summary = burst_profile.profile_burst(
                 engine, lambda i, frames: make_request(argparse.Namespace(**{**vars(args), "frames": frames}), i, voice),
                 running, burst, burst_frames=args.frames, running_frames=8 * args.frames)
