@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import warnings
 from types import SimpleNamespace
 
-from tts_engine.tools.burst_profile import ROUND, STEP, markdown, summarize
+from tts_engine.tools.burst_profile import ROUND, STEP, host_events, markdown, summarize, sync_sites
 from tts_engine.tools.kernel_profile import Kernel
 
 
@@ -33,3 +34,22 @@ def test_each_step_gets_the_kernels_and_host_calls_inside_it():
     assert summary["streams"]["9"]["top_kernel"] == "decoder_conv"
     table = markdown({**summary, "running_streaming": 48, "burst_first_chunks": 16, "errors": []})
     assert "| 1 | 4.0 | 640 | 3.0 | 1.8 |" in table and "16 first chunks" in table
+
+
+def test_a_range_counts_once_though_the_gpu_timeline_repeats_it():
+    from torch.autograd import DeviceType
+
+    host = SimpleNamespace(name=STEP, device_type=DeviceType.CPU)
+    on_gpu = SimpleNamespace(name=STEP, device_type=DeviceType.CUDA)    # the same range, a gpu_user_annotation
+    assert host_events([host, on_gpu]) == [host]
+
+
+def test_sync_sites_name_the_engine_lines_that_made_the_host_wait():
+    def warned(message: str, filename: str, lineno: int):
+        return warnings.WarningMessage(message, UserWarning, filename, lineno)
+
+    caught = [warned("called a synchronizing CUDA operation", "/tmp/site/tts_engine/stages/talker.py", 294),
+              warned("called a synchronizing CUDA operation", "/tmp/site/tts_engine/stages/talker.py", 294),
+              warned("called a synchronizing CUDA operation", "/usr/lib/python3/vllm/v1/worker/runner.py", 12),
+              warned("something else entirely", "/tmp/site/tts_engine/stages/decoder.py", 5)]
+    assert sync_sites(caught) == [("tts_engine/stages/talker.py:294", 2), ("vllm/v1/worker/runner.py:12", 1)]

@@ -50,3 +50,18 @@ def test_idle_gaps_are_bucketed_by_length_and_overlaps_are_not_gaps():
     assert summary["idle_ms_per_frame_by_gap"] == {"under 10 us": 0.0025, "10-100 us": 0.025, "0.1-1 ms": 0.25,
                                                    "over 1 ms": 1.5}
     assert "idle per frame by gap length" in markdown(summary)
+
+
+def test_a_record_function_range_on_the_gpu_timeline_is_not_a_kernel():
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from tts_engine.tools.kernel_profile import kernels_of
+
+    def gpu_event(name: str, start: float, end: float, annotation: bool):
+        return SimpleNamespace(name=name, device_type=DeviceType.CUDA, device_resource_id=7, is_user_annotation=annotation,
+                               time_range=SimpleNamespace(start=start, end=end))
+
+    events = [gpu_event("tts::stage0_step", 0, 100, True), gpu_event("gemm", 10, 20, False)]
+    assert kernels_of(SimpleNamespace(events=lambda: events)) == [Kernel("gemm", 7, 10.0, 20.0)]

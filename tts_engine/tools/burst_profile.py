@@ -7,7 +7,8 @@ why. This runs `running` long streams, waits until each is streaming, then submi
 under torch.profiler (host ops of every thread, CUDA kernels) until every one of them has its first chunk,
 and reports each Stage 0 step of that window: wall time, tokens vLLM launched in it, GPU busy time, kernel
 time per CUDA stream, and the host calls that took longest inside it (a `cudaStreamSynchronize` or a copy
-there is the host waiting for the GPU). Stage 1's decode rounds are marked too:
+there is the host waiting for the GPU). Stage 1's decode rounds are marked too, and on the GPU the source lines
+of the engine that made the host wait (`torch.cuda.set_sync_debug_mode`) are counted:
 
     python -m tts_engine.tools.bench --demo 1.7b --concurrency 1 --burst-profile 48x16,0x64
 """
@@ -15,9 +16,11 @@ there is the host waiting for the GPU). Stage 1's decode rounds are marked too:
 from __future__ import annotations
 
 import bisect
+import os
 import threading
 import time
-from collections import defaultdict
+import warnings
+from collections import Counter, defaultdict
 from typing import Callable
 
 from tts_engine.tools.kernel_profile import Kernel, busy_us, is_copy, kernels_of
@@ -28,6 +31,26 @@ STEP, ROUND = "tts::stage0_step", "tts::stage1_round"
 def is_sync(kernel: Kernel) -> bool:
     """CUPTI's synchronisation records (`enable_cuda_sync_events`): the host waiting, not the GPU working."""
     return kernel.name.endswith(" Sync") or kernel.name == "Stream Wait Event"
+
+
+def host_events(events) -> list:
+    """The profile's host-side events. A `record_function` range is also reported on the GPU's timeline
+    under the same name; counted as a step it would make every step appear two or three times."""
+    from torch.autograd import DeviceType
+
+    return [e for e in events if e.device_type == DeviceType.CPU]
+
+
+def sync_sites(caught: list[warnings.WarningMessage], top: int = 8) -> list[tuple[str, int]]:
+    """Where the host waited for the GPU, from `set_sync_debug_mode("warn")`'s warnings: "file:line" (the
+    path from its package folder on) and how often, most frequent first."""
+    sites: Counter = Counter()
+    for w in caught:
+        if "synchroniz" in str(w.message):
+            parts = os.path.normpath(w.filename).split(os.sep)
+            package = next((i for i, part in enumerate(parts) if part in ("tts_engine", "vllm", "torch")), len(parts) - 1)
+            sites[f"{'/'.join(parts[package:])}:{w.lineno}"] += 1
+    return sites.most_common(top)
 
 
 def _clipped_us(kernels: list[Kernel], start: float, end: float) -> float:
@@ -108,15 +131,23 @@ def profile_burst(engine, make_request: Callable[[int, int], object], running: i
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
         # the stages' own threads, not only this one; CUDA synchronisation shown as events of its own
         every_thread = _ExperimentalConfig(profile_all_threads=True, enable_cuda_sync_events=on_gpu)
-        with profile(activities=activities, experimental_config=every_thread) as prof:
-            launched.clear()
-            t0 = time.perf_counter()
-            joining = [_Listener(engine, make_request(96_000 + i, burst_frames), stop) for i in range(burst)]
-            listeners += joining
-            heard = _wait_first(joining, time.monotonic() + timeout_s)
-            window_s = time.perf_counter() - t0
+        # every thread's synchronising torch calls warn, with the line that made them (recorded, not shown)
+        with warnings.catch_warnings(record=True) as caught, \
+                profile(activities=activities, experimental_config=every_thread) as prof:
+            warnings.simplefilter("always")
             if on_gpu:
-                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("warn")
+            try:
+                launched.clear()
+                t0 = time.perf_counter()
+                joining = [_Listener(engine, make_request(96_000 + i, burst_frames), stop) for i in range(burst)]
+                listeners += joining
+                heard = _wait_first(joining, time.monotonic() + timeout_s)
+                window_s = time.perf_counter() - t0
+            finally:
+                if on_gpu:
+                    torch.cuda.set_sync_debug_mode("default")
+                    torch.cuda.synchronize()
             tokens = list(launched)
     finally:
         stop.set()
@@ -124,9 +155,10 @@ def profile_burst(engine, make_request: Callable[[int, int], object], running: i
         for listener in listeners:
             listener.join(max(0.0, end - time.monotonic()))
         talker.step, pipeline._decode_round = step, decode_round
-    summary = summarize(prof.events(), kernels_of(prof), tokens, running, burst, window_s)
+    summary = summarize(host_events(prof.events()), kernels_of(prof), tokens, running, burst, window_s)
     errors = [listener.error for listener in listeners if listener.error]
-    return {**summary, "running_streaming": streaming, "burst_first_chunks": heard, "errors": errors[:5]}
+    return {**summary, "running_streaming": streaming, "burst_first_chunks": heard, "errors": errors[:5],
+            "sync_sites": sync_sites(caught)}
 
 
 def summarize(events, kernels: list[Kernel], tokens: list[int], running: int, burst: int, window_s: float,
@@ -172,7 +204,8 @@ def summarize(events, kernels: list[Kernel], tokens: list[int], running: int, bu
 def markdown(summary: dict) -> str:
     lines = [f"burst of {summary['burst']} requests beside {summary['running']} streaming "
              f"({summary.get('running_streaming')} were): {summary.get('burst_first_chunks')} first chunks in "
-             f"{summary['window_ms']} ms; errors: {summary.get('errors') or 'none'}; CUDA streams: {summary['streams']}", "",
+             f"{summary['window_ms']} ms; errors: {summary.get('errors') or 'none'}; CUDA streams: {summary['streams']}; "
+             f"host syncs by source line: {summary.get('sync_sites') or 'none'}", "",
              "| step | wall ms | tokens | GPU busy ms | host waits for the GPU ms | kernel ms by stream | Stage 1 rounds "
              "| longest host calls (ms) |", "|---|---|---|---|---|---|---|---|"]
     for i, s in enumerate(summary["steps"]):

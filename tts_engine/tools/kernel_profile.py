@@ -103,11 +103,16 @@ def summarize(requests: list[list[Kernel]], frames: int, top: int = 15) -> dict:
 
 
 def kernels_of(profile) -> list[Kernel]:
-    """The device kernels of a finished `torch.profiler.profile` (CUDA activity)."""
+    """The device kernels of a finished `torch.profiler.profile` (CUDA activity).
+
+    A `record_function` range also shows on the GPU's timeline (a "gpu_user_annotation" spanning every
+    kernel launched inside it): it is not a kernel, and counting it would make the range look busy."""
     from torch.autograd import DeviceType
 
     out = []
     for event in profile.events():
+        if getattr(event, "is_user_annotation", False):
+            continue
         if event.device_type == DeviceType.CUDA and event.time_range.end > event.time_range.start:
             out.append(Kernel(event.name, int(getattr(event, "device_resource_id", 0) or 0),
                               float(event.time_range.start), float(event.time_range.end)))
