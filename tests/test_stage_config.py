@@ -177,9 +177,9 @@ def test_talker_graph_settings_reach_vllm_only_where_they_differ(tmp_path):
     from tts_engine.stages.vllm_bridge import _graph_args
 
     default = load_stage_config(CONFIGS / "qwen3_tts.yaml").talker
-    assert (default.cudagraph_mode, default.cudagraph_max_tokens) == ("FULL", 512)
+    assert (default.cudagraph_mode, default.cudagraph_max_tokens) == ("FULL", 2048)   # vLLM's step budget
     assert _graph_args(False, default.cudagraph_mode, default.cudagraph_max_tokens, 4096) == {
-        "compilation_config": {"cudagraph_mode": "FULL", "max_cudagraph_capture_size": 512}}
+        "compilation_config": {"cudagraph_mode": "FULL", "max_cudagraph_capture_size": 2048}}
     # full graphs longer than a sequence may be crash vLLM's capture: capped at max_model_len
     assert _graph_args(False, "FULL", 2048, 1024) == {
         "compilation_config": {"cudagraph_mode": "FULL", "max_cudagraph_capture_size": 1024}}
@@ -198,6 +198,16 @@ def test_talker_graph_settings_reach_vllm_only_where_they_differ(tmp_path):
     assert load_stage_config(CONFIGS / "qwen3_tts.yaml").talker.max_batched_tokens is None      # vLLM's
     with pytest.raises(StageConfigError, match="cudagraph_mode' must be one of"):
         engine_settings(CONFIGS / "qwen3_tts.yaml", cudagraph_mode="full")
+
+
+def test_stage0_steps_on_a_high_priority_stream_unless_told_not_to(tmp_path):
+    assert load_stage_config(CONFIGS / "qwen3_tts.yaml").talker.high_priority_steps is True
+    normal = _write(tmp_path, lambda d: d["stage_args"][0]["engine_args"].update(high_priority_steps=False))
+    assert load_stage_config(normal).talker.high_priority_steps is False
+    assert engine_settings(CONFIGS / "qwen3_tts.yaml", high_priority_steps=False).talker.high_priority_steps is False
+    wrong = _write(tmp_path, lambda d: d["stage_args"][0]["engine_args"].update(high_priority_steps="yes"))
+    with pytest.raises(StageConfigError, match="high_priority_steps"):
+        load_stage_config(wrong)
 
 
 def test_async_scheduling_is_on_by_default_and_can_be_switched_off(tmp_path):

@@ -85,8 +85,13 @@ class TalkerStageConfig:
                                               # decode-only steps (vLLM's FULL_AND_PIECEWISE runs those piecewise,
                                               # attention eager): Poisson 20 p95 67 vs 75-101 ms on the H200. Needs
                                               # FlashAttention 3 (vLLM falls back to FULL_AND_PIECEWISE without it)
-    cudagraph_max_tokens: int | None = 512    # tokens of the largest step run from a graph (None: vLLM's choice,
-                                              # min(2 x max_num_seqs, 512)); a longer step runs without graphs
+    cudagraph_max_tokens: int | None = 2048   # tokens of the largest step run from a graph (None: vLLM's choice,
+                                              # min(2 x max_num_seqs, 512)); a longer step runs without graphs.
+                                              # 2,048 = vLLM's step budget: a burst of prompts runs from graphs too
+                                              # (closed 64 on the H200: first chunk p50 238 vs 330 ms, 2 vs 22 of
+                                              # 128 streams underran; capped at max_model_len, see vllm_bridge)
+    high_priority_steps: bool = True          # Stage 0 steps on a CUDA stream of the highest priority, so Stage 1's
+                                              # long decoder calls do not hold back the talker's step (GPU only)
     max_batched_tokens: int | None = None     # tokens one step may carry, prefills included (vLLM's
                                               # max_num_batched_tokens; None: vLLM's choice, 2,048 here)
     seed: int = 0
@@ -193,7 +198,7 @@ _TALKER_ARGS = {"model_stage": (str, True), "worker_type": (str, False), "engine
                 "max_model_len": (int, False), "max_num_seqs": (int, False), "kv_cache_gib": (float, False),
                 "enforce_eager": (bool, False), "async_scheduling": (bool, False),
                 "cudagraph_mode": (str, False), "cudagraph_max_tokens": ((int, type(None)), False),
-                "max_batched_tokens": ((int, type(None)), False)}
+                "max_batched_tokens": ((int, type(None)), False), "high_priority_steps": (bool, False)}
 _DECODER_ARGS = {"model_stage": (str, True), "worker_type": (str, False), "engine_output_type": (str, False),
                  "chunk_size": (int, False), "left_context_size": (int, False), "initial_chunk_size": (int, False),
                  "chunk_growth": (int, False), "initial_chunk_repeats": (int, False), "decode_mode": (str, False),
@@ -363,6 +368,7 @@ def parse_stage_config(data: Any, where: str = "<stage config>") -> StageConfig:
         cudagraph_mode=_cudagraph_mode(where, p0, a0.get("cudagraph_mode", t.cudagraph_mode)),
         cudagraph_max_tokens=positive(p0 + "engine_args.", a0, "cudagraph_max_tokens", t.cudagraph_max_tokens),
         max_batched_tokens=positive(p0 + "engine_args.", a0, "max_batched_tokens", t.max_batched_tokens),
+        high_priority_steps=a0.get("high_priority_steps", t.high_priority_steps),
         processor=_import_processor(where, p0 + "engine_args.custom_process_next_stage_input_func",
                                     a0["custom_process_next_stage_input_func"]),
         sampling=sampling)

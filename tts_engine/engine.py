@@ -96,7 +96,8 @@ class TTSEngine:
             self.decoder, self.decoder_device, mode=d.decode_mode, max_batch_size=d.max_batch_size,
             left_context_size=d.left_context_size, graph_shapes=d.graph_shapes(), batch_limit=d.batch_limit,
             on_death=self._stage_died)
-        self.talker = TalkerStage(self.talker_engine, config, self.device, on_death=self._stage_died)
+        self.talker = TalkerStage(self.talker_engine, config, self.device, on_death=self._stage_died,
+                                  high_priority=t.high_priority_steps)
 
     # ---- construction ----------------------------------------------------------------------------
     @classmethod

@@ -437,10 +437,12 @@ ENGINE_VARIANTS: dict[str, dict[str, Any]] = {
     # vLLM's own graphs: full graphs for decode-only steps only (a step a prefill joins runs piecewise, attention
     # eager) and up to 2 x max_num_seqs tokens
     "talker-piecewise-graphs": {"cudagraph_mode": "FULL_AND_PIECEWISE", "cudagraph_max_tokens": None},
-    # candidates for a burst of joins (switched on): graphs for every step vLLM may schedule (its 2,048-token
-    # budget; vLLM captures full graphs only up to max_model_len, so that is raised with it: not measured yet), or
-    # a budget every step of which fits the 512-token graphs (measured: BENCHMARKS seventh pass, not adopted)
-    "talker-graphs-2048": {"cudagraph_max_tokens": 2048, "max_model_len": 2048},
+    # full graphs only up to 512 tokens (the default before the eighth pass): a burst of prompts runs without
+    "talker-graphs-512": {"cudagraph_max_tokens": 512},
+    # Stage 0 on a stream of the default priority, as Stage 1's
+    "talker-normal-priority": {"high_priority_steps": False},
+    # a candidate for a burst of joins (switched on): a budget every step of which fits 512-token graphs
+    # (measured: BENCHMARKS seventh pass, not adopted)
     "talker-budget-512": {"max_batched_tokens": 512},
 }
 
@@ -1256,7 +1258,8 @@ def parse_args(argv=None):
     eng.add_argument("--stage-config", help="stage config YAML (default by device and model size)")
     eng.add_argument("--device")
     eng.add_argument("--dtype", help="bfloat16 / float32 (default: bf16 on GPU, fp32 on CPU)")
-    eng.add_argument("--max-model-len", type=int, default=1024)
+    eng.add_argument("--max-model-len", type=int, default=2048,
+                     help="the talker's full CUDA graphs reach this many tokens at most (2,048 is vLLM's step budget)")
     eng.add_argument("--max-num-seqs", type=int, help="default: the largest closed-loop level (64 for Poisson)")
     eng.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     eng.add_argument("--kv-cache-gib", type=float, default=1.0, help="CPU KV cache")
