@@ -64,6 +64,12 @@ class AsyncDecodingPipeline:
         self._inbox: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # A candidate, off unless set (bench variant `stage1-first-chunk-priority`; not measured yet): a call
+        # that carries a request's first chunk runs on a stream of Stage 0's priority instead of the default
+        # one, so the GPU does not put it behind the talker's steps. Safe with one thread of calls because
+        # each call ends with its read-back (the next call finds both streams idle) and waits for the main
+        # stream first (priming decodes are queued there without a read-back).
+        self.first_chunk_stream: torch.cuda.Stream | None = None
         self.batch_limit = batch_limit or (lambda frames: max_batch_size)
         if self._stream is not None and mode == "exact" and graph_shapes:
             decoder.enable_cuda_graphs(graph_shapes)
@@ -189,16 +195,34 @@ class AsyncDecodingPipeline:
                 self._streams.pop(rid, None)
             stream.on_output(rid, chunk.chunk_idx, wav, chunk.finished, None)
 
+    def first_chunk_priority(self, on: bool) -> None:
+        """Switch the first-chunk stream (see `first_chunk_stream`); GPU only, a no-op on the CPU."""
+        if self._stream is None:
+            return
+        self.first_chunk_stream = torch.cuda.Stream(self.device, priority=-1) if on else None
+
     def _decode(self, batch: list, frames: int) -> list[np.ndarray]:
         if frames == 0:
             return [np.zeros(0, np.float32) for _ in batch]
-        if self._stream is not None:
-            for _, _, chunk in batch:
-                if chunk.ready is not None:
-                    self._stream.wait_event(chunk.ready)
-                    chunk.ready = None
-                if chunk.codes.is_cuda:
-                    chunk.codes.record_stream(self._stream)
+        if self._stream is None:
+            return self._decode_on(batch)
+        stream = self._stream
+        if self.first_chunk_stream is not None and any(chunk.chunk_idx == 0 for _, _, chunk in batch):
+            stream = self.first_chunk_stream
+            stream.wait_stream(self._stream)
+        for _, _, chunk in batch:
+            if chunk.ready is not None:
+                stream.wait_event(chunk.ready)
+                chunk.ready = None
+            if chunk.codes.is_cuda:
+                chunk.codes.record_stream(stream)
+        if stream is self._stream:
+            return self._decode_on(batch)
+        with torch.cuda.stream(stream):
+            return self._decode_on(batch)
+
+    def _decode_on(self, batch: list) -> list[np.ndarray]:
+        """The decode itself, on the current stream; ends with the read-back of the audio."""
         if self.mode == "exact":
             codes = torch.stack([c.new_codes for _, _, c in batch]).to(self.device)
             wav = self.decoder.decode_step([s.state for _, s, _ in batch], codes)

@@ -427,6 +427,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "first-chunk-once": {"initial_chunk_repeats": 1},                  # 1, 2, 4, ...: chunk 2 takes twice the steps
     # a candidate (switched on): shorter Stage 1 calls (4 x 25 frames, not 16 x 25)
     "decoder-calls-100-frames": {"decoder_batch_frames": 100},
+    # a candidate (switched on): Stage 1 calls that carry a first chunk run on a stream of Stage 0's priority
+    "stage1-first-chunk-priority": {"first_chunk_priority": True},
 }
 
 
@@ -512,6 +514,9 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
             limits = engine.pipeline.batch_limit.__self__
             previous[key] = limits.max_batch_frames
             engine.pipeline.batch_limit = dataclasses.replace(limits, max_batch_frames=value).batch_limit
+        elif key == "first_chunk_priority":
+            previous[key] = engine.pipeline.first_chunk_stream is not None
+            engine.pipeline.first_chunk_priority(value)
         elif key in _SCHEDULE_FIELDS:
             schedule = engine.connector.schedule
             name = _SCHEDULE_FIELDS[key]

@@ -63,22 +63,27 @@ class _Listener:
 
     def __init__(self, engine, request, stop: threading.Event):
         self.first = threading.Event()
+        self.settled = threading.Event()     # first audio, or the stream ended without it
         self.error: str | None = None
         self._thread = threading.Thread(target=self._listen, args=(engine, request, stop), daemon=True)
         self._thread.start()
 
     def _listen(self, engine, request, stop: threading.Event) -> None:
-        stream = engine.stream(request)
         try:
-            for chunk in stream:
-                if chunk.audio.size:
-                    self.first.set()
-                if stop.is_set() or chunk.is_finished:
-                    break
+            stream = engine.stream(request)
+            try:
+                for chunk in stream:
+                    if chunk.audio.size:
+                        self.first.set()
+                        self.settled.set()
+                    if stop.is_set() or chunk.is_finished:
+                        break
+            finally:
+                stream.close()       # aborts a request still running
         except Exception as exc:     # reported in the summary, never hidden
             self.error = f"{type(exc).__name__}: {exc}"
         finally:
-            stream.close()           # aborts a request still running
+            self.settled.set()
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
@@ -87,8 +92,7 @@ class _Listener:
 def _wait_first(listeners: list[_Listener], deadline: float) -> int:
     """Wait until every listener has its first audio or ended with an error; how many have audio."""
     for listener in listeners:
-        while not listener.first.wait(0.01) and listener.error is None and time.monotonic() < deadline:
-            pass
+        listener.settled.wait(max(0.0, deadline - time.monotonic()))
     return sum(listener.first.is_set() for listener in listeners)
 
 
