@@ -11,6 +11,9 @@ run to max_new_tokens. CPU vLLM always schedules synchronously, so there the two
 the check means something on a GPU (run it there by hand after scripts/gpu_setup.sh; BENCHMARKS.md).
 
     python3 scripts/gpu_async_check.py [--shape tiny|0.6b|1.7b] [--requests 12] [--root /tmp/ckpt_eos]
+
+`--handover-only` checks instead that frames handed to Stage 1 right after the code predictor (the candidate
+`TalkerStage.early_handover`) stream bit for bit what handing them over after the whole talker step does (`handover_check`).
 """
 
 from __future__ import annotations
@@ -104,23 +107,55 @@ def overlapping_requests(engine, voice: dict, count: int) -> list[str]:
     return problems
 
 
-def run(folder: Path, async_scheduling: bool, requests: int, on_gpu: bool) -> tuple[bool, list, list[str]]:
+def start_engine(folder: Path, async_scheduling: bool, on_gpu: bool) -> TTSEngine:
     config = REPO / "configs" / ("qwen3_tts.yaml" if on_gpu else "qwen3_tts_tiny_cpu.yaml")
     overrides = {"gpu_memory_utilization": 0.2} if on_gpu else {"kv_cache_gib": 0.5}
-    engine = TTSEngine.from_pretrained(folder, stage_config=config, max_num_seqs=8, max_model_len=512,
-                                       async_scheduling=async_scheduling, **overrides)
+    return TTSEngine.from_pretrained(folder, stage_config=config, max_num_seqs=8, max_model_len=512,
+                                     async_scheduling=async_scheduling, **overrides)
+
+
+def one_by_one(engine: TTSEngine, requests: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each request's codec frames and audio, the requests run one at a time."""
+    speaker = engine.config.supported_speakers[0]
     results = []
+    for i in range(requests):
+        greedy = i % 3 == 2
+        request = SpeechRequest(text=f"Request number {i} checks the stream.", speaker=speaker, seed=1000 + i,
+                                do_sample=not greedy, max_new_tokens=24 + 7 * i)
+        out = engine.synthesize(request)
+        results.append((out.codes, out.audio))
+    return results
+
+
+def run(folder: Path, async_scheduling: bool, requests: int, on_gpu: bool) -> tuple[bool, list, list[str]]:
+    engine = start_engine(folder, async_scheduling, on_gpu)
     try:
+        results = one_by_one(engine, requests)
         speaker = engine.config.supported_speakers[0]
-        for i in range(requests):
-            greedy = i % 3 == 2
-            request = SpeechRequest(text=f"Request number {i} checks the stream.", speaker=speaker, seed=1000 + i,
-                                    do_sample=not greedy, max_new_tokens=24 + 7 * i)
-            out = engine.synthesize(request)
-            results.append((out.codes, out.audio))
         return engine.talker_engine.async_scheduling, results, overlapping_requests(engine, {"speaker": speaker}, requests)
     finally:
         engine.close()
+
+
+def handover_check(folder: Path, requests: int, on_gpu: bool) -> int:
+    """Frames handed to Stage 1 as soon as the code predictor made them (`TalkerStage.early_handover`, a
+    candidate) must stream what handing them over after the whole step does, bit for bit, and overlapping
+    requests must stream their reported tokens. A missing wait shows as stale codes. One engine."""
+    engine = start_engine(folder, True, on_gpu)
+    try:
+        engine.talker.early_handover = False
+        late = one_by_one(engine, requests)
+        engine.talker.early_handover = True
+        early = one_by_one(engine, requests)
+        problems = overlapping_requests(engine, {"speaker": engine.config.supported_speakers[0]}, requests)
+    finally:
+        engine.close()
+    bad = sum(not (c1.shape == c2.shape and np.array_equal(c1, c2) and np.array_equal(a1, a2))
+              for (c1, a1), (c2, a2) in zip(late, early))
+    print(f"handover: {requests - bad}/{requests} requests identical early vs late "
+          f"({sum(c.shape[0] for c, _ in early)} frames); overlapping requests, early: "
+          + ("every stream's codebook 0 = its reported tokens but the last" if not problems else "; ".join(problems)))
+    return 1 if bad or problems else 0
 
 
 def main() -> int:
@@ -128,9 +163,12 @@ def main() -> int:
     ap.add_argument("--shape", default="tiny", choices=("tiny", "0.6b", "1.7b"))
     ap.add_argument("--requests", type=int, default=12)
     ap.add_argument("--root", default="/tmp/ckpt_eos")
+    ap.add_argument("--handover-only", action="store_true", help="only the early vs late hand-over check")
     args = ap.parse_args()
     on_gpu = torch.cuda.is_available()
     folder = eos_prone_checkpoint(Path(args.root), args.shape)
+    if args.handover_only:
+        return handover_check(folder, args.requests, on_gpu)
     t = time.perf_counter()
     sync_mode, sync, sync_problems = run(folder, False, args.requests, on_gpu)
     async_mode, lagged, async_problems = run(folder, True, args.requests, on_gpu)

@@ -15,6 +15,7 @@ settings and step counters are uploaded only when the batch composition changes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -117,6 +118,15 @@ class TalkerStage:
         # than sharing the SMs with them.
         self.step_stream = (torch.cuda.Stream(device, priority=-1)
                             if device.type == "cuda" and high_priority else None)
+        # A candidate, off unless set (bench variant `early-handover`): frames go on to Stage 1 from a stream of
+        # their own that waits only for the code predictor (the event `decode_embeddings` records), not for the
+        # talker's forward and sampling queued behind it on the steps' stream. Measured in the seventh pass with
+        # no gain while the decode hook still synced the host once a step (which held the host back until the
+        # predictor was done); since that sync is gone the host hands frames over while the step's predictor
+        # and forward are still queued, so Stage 1 waits for both: the decode leg grew from 6.3 to 9.2 ms.
+        self._handover = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
+        self._frames_made = torch.cuda.Event() if device.type == "cuda" else None
+        self.early_handover = False
         if self.device.type == "cuda" and not engine.enforce_eager:
             # One graph per batch bucket up to the engine's batch limit, captured before serving.
             self.model.code_predictor.enable_cuda_graphs(engine.max_num_seqs)
@@ -271,7 +281,19 @@ class TalkerStage:
         for state in states:
             self._release(state, error)
 
+    def _handover_stream(self):
+        """Where frames are stacked, chunked and handed to Stage 1: the steps' own stream, or (early hand-over)
+        a stream that waits only for the predictor that made them."""
+        if self._handover is None or not self.early_handover:
+            return contextlib.nullcontext()
+        self._handover.wait_event(self._frames_made)
+        return torch.cuda.stream(self._handover)
+
     def _deliver(self, outputs) -> None:
+        with self._handover_stream():
+            self._hand_out(outputs)
+
+    def _hand_out(self, outputs) -> None:
         finished = {}
         for out in outputs:
             state = self._by_id.get(out.request_id)
@@ -303,6 +325,9 @@ class TalkerStage:
         c0_embed = embed_tokens(token_ids)
         codes, frame_embed = self.model.code_predictor.predict(hidden, c0_embed, batch.sampling)
         frames = torch.cat([token_ids.unsqueeze(1), codes], dim=1)
+        if self._handover is not None:      # recorded either way: the switch may flip between a step and its hand-over
+            self._frames_made.record()
+            frames.record_stream(self._handover)     # read there, after this step's tensors are freed here
         self._seen_table.index_put_((batch.slots, token_ids), self._seen_mark)
         text = []
         for i, s in enumerate(states):

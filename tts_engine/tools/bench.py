@@ -429,6 +429,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "decoder-calls-100-frames": {"decoder_batch_frames": 100},
     # a candidate (switched on): Stage 1 calls that carry a first chunk run on a stream of Stage 0's priority
     "stage1-first-chunk-priority": {"first_chunk_priority": True},
+    # a candidate (switched on): frames go to Stage 1 once the code predictor made them, not after the whole step
+    "early-handover": {"early_handover": True},
 }
 
 
@@ -478,6 +480,9 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
         elif key == "host_syncs":
             previous[key] = "decode_embeddings" in vars(engine.talker)
             _host_syncs(engine.talker, value)
+        elif key == "early_handover":
+            previous[key] = engine.talker.early_handover
+            engine.talker.early_handover = value
         elif key == "decoder_graphs":
             previous[key] = getattr(engine.decoder, "use_graphs", False)
             engine.decoder.use_graphs = value
