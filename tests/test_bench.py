@@ -231,3 +231,21 @@ def test_late_chunks_name_the_chunk_that_missed_its_deadline():
     assert late[0][1] == pytest.approx(0.04) and late[1][1] == pytest.approx(0.5 - (0.2 + 0.16))
     assert player_underruns(chunks, sr) == (2, pytest.approx(0.04 + 0.14))
     assert late_chunks(chunks, sr, prebuffer_s=0.5) == []
+
+
+def test_stream_candidates_switch_on_and_back():
+    """The candidates of the eighth pass are switched in a running engine and undone by their previous values."""
+    from types import SimpleNamespace
+
+    from tts_engine.tools.bench import VARIANTS, apply_variant
+
+    switched = []
+    pipeline = SimpleNamespace(first_chunk_stream=None)
+    pipeline.first_chunk_priority = lambda on: (switched.append(on),
+                                                setattr(pipeline, "first_chunk_stream", "stream" if on else None))
+    engine = SimpleNamespace(talker=SimpleNamespace(early_handover=False), pipeline=pipeline,
+                             talker_engine=SimpleNamespace(model=SimpleNamespace(code_predictor=None)))
+    previous = apply_variant(engine, {**VARIANTS["early-handover"], **VARIANTS["stage1-first-chunk-priority"]})
+    assert engine.talker.early_handover is True and pipeline.first_chunk_stream == "stream"
+    apply_variant(engine, previous)
+    assert engine.talker.early_handover is False and pipeline.first_chunk_stream is None and switched == [True, False]
