@@ -325,7 +325,9 @@ class TalkerStage:
         c0_embed = embed_tokens(token_ids)
         codes, frame_embed = self.model.code_predictor.predict(hidden, c0_embed, batch.sampling)
         frames = torch.cat([token_ids.unsqueeze(1), codes], dim=1)
-        if self._handover is not None:      # recorded either way: the switch may flip between a step and its hand-over
+        if self._handover is not None:
+            # recorded whether or not the hand-over is early (an event and the allocator's note, ~µs): a switch
+            # that flips between this hook and the frames' hand-over then finds either path safe
             self._frames_made.record()
             frames.record_stream(self._handover)     # read there, after this step's tensors are freed here
         self._seen_table.index_put_((batch.slots, token_ids), self._seen_mark)
