@@ -51,5 +51,7 @@ def test_sync_sites_name_the_engine_lines_that_made_the_host_wait():
     caught = [warned("called a synchronizing CUDA operation", "/tmp/site/tts_engine/stages/talker.py", 294),
               warned("called a synchronizing CUDA operation", "/tmp/site/tts_engine/stages/talker.py", 294),
               warned("called a synchronizing CUDA operation", "/usr/lib/python3/vllm/v1/worker/runner.py", 12),
+              warned("called a synchronizing CUDA operation", "/root/torch/.venv/site-packages/torch/cuda/sync.py", 7),
               warned("something else entirely", "/tmp/site/tts_engine/stages/decoder.py", 5)]
-    assert sync_sites(caught) == [("tts_engine/stages/talker.py:294", 2), ("vllm/v1/worker/runner.py:12", 1)]
+    assert sync_sites(caught) == [("tts_engine/stages/talker.py:294", 2), ("vllm/v1/worker/runner.py:12", 1),
+                                  ("torch/cuda/sync.py:7", 1)]

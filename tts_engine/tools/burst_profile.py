@@ -43,12 +43,14 @@ def host_events(events) -> list:
 
 def sync_sites(caught: list[warnings.WarningMessage], top: int = 8) -> list[tuple[str, int]]:
     """Where the host waited for the GPU, from `set_sync_debug_mode("warn")`'s warnings: "file:line" (the
-    path from its package folder on) and how often, most frequent first."""
+    path from its package folder on, the innermost such folder: a checkout may sit in a folder of that name)
+    and how often, most frequent first."""
     sites: Counter = Counter()
     for w in caught:
         if "synchroniz" in str(w.message):
             parts = os.path.normpath(w.filename).split(os.sep)
-            package = next((i for i, part in enumerate(parts) if part in ("tts_engine", "vllm", "torch")), len(parts) - 1)
+            package = max((i for i, part in enumerate(parts) if part in ("tts_engine", "vllm", "torch")),
+                          default=len(parts) - 1)
             sites[f"{'/'.join(parts[package:])}:{w.lineno}"] += 1
     return sites.most_common(top)
 
