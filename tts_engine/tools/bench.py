@@ -441,9 +441,10 @@ ENGINE_VARIANTS: dict[str, dict[str, Any]] = {
     # vLLM's own graphs: full graphs for decode-only steps only (a step a prefill joins runs piecewise, attention
     # eager) and up to 2 x max_num_seqs tokens
     "talker-piecewise-graphs": {"cudagraph_mode": "FULL_AND_PIECEWISE", "cudagraph_max_tokens": None},
-    # full graphs only up to 512 tokens (the default before the eighth pass): a burst of prompts runs without
+    # full graphs only up to 512 tokens (the default before the eighth pass): a step of more tokens (a burst of
+    # prompts) runs without graphs
     "talker-graphs-512": {"cudagraph_max_tokens": 512},
-    # Stage 0 on a stream of the default priority, as Stage 1's
+    # Stage 0 on a stream of the default priority, the same as Stage 1's
     "talker-normal-priority": {"high_priority_steps": False},
     # a candidate for a burst of joins (switched on): a budget every step of which fits 512-token graphs
     # (measured: BENCHMARKS seventh pass, not adopted)
