@@ -94,9 +94,10 @@ def test_end_to_end_tiny_fixed_frames(tmp_path):
     assert rows[-1]["variant"] == "decoder-calls-100-frames"   # applied to the running engine and undone
     for row in rows:          # every leg of the first chunk's path was timed, in order, by the engine itself
         path = row["first_chunk_path_ms"]
-        legs = ("queue", "prompt", "admit", "first_frame", "decode", "delivery")
+        legs = ("queue", "prompt", "admit", "first_frame", "decode", "decode_wait", "decode_call", "delivery")
         assert sorted(path) == sorted(f"{leg}_{q}" for leg in legs for q in (50, 95))
         assert all(v >= 0 for v in path.values()) and path["prompt_50"] > 0 and path["first_frame_50"] > 0
+        assert path["decode_call_50"] > 0 and path["decode_wait_50"] <= path["decode_50"]
 
 
 def test_url_mode_measures_a_running_server(live_app, tmp_path):
@@ -215,9 +216,10 @@ def test_first_chunk_path_splits_the_wait_into_legs():
 def test_the_engine_times_its_legs_from_its_own_metrics():
     from tts_engine.request import RequestMetrics
 
-    m = RequestMetrics("a", 0.0, prompt_s=0.002, admitted_s=0.005, first_frame_s=0.045, first_chunk_s=0.060)
+    m = RequestMetrics("a", 0.0, prompt_s=0.002, admitted_s=0.005, first_frame_s=0.045, first_decode_s=0.051,
+                       first_chunk_s=0.060)
     assert m.first_audio_legs() == pytest.approx({"prompt": 0.002, "admit": 0.005, "first_frame": 0.040,
-                                                  "decode": 0.015})
+                                                  "decode": 0.015, "decode_wait": 0.006, "decode_call": 0.009})
     early = RequestMetrics("b", 0.0, prompt_s=0.002, admitted_s=0.005)      # failed before its first frame
     assert early.first_audio_legs() == pytest.approx({"prompt": 0.002, "admit": 0.005})
 

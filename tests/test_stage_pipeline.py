@@ -92,7 +92,7 @@ def _run_pipeline(decoder, mode, streams: dict[str, list[CodecChunk]]) -> dict[s
     outputs: queue.Queue = queue.Queue()
     try:
         for rid in streams:
-            pipeline.open(rid, lambda *args: outputs.put(args))
+            pipeline.open(rid, lambda *args: outputs.put(args), on_decode_start=lambda rid=rid: outputs.put(("start", rid)))
         for i in range(max(len(c) for c in streams.values())):   # interleave requests, as live traffic does
             for rid, chunks in streams.items():
                 if i < len(chunks):
@@ -102,8 +102,15 @@ def _run_pipeline(decoder, mode, streams: dict[str, list[CodecChunk]]) -> dict[s
     finally:
         pipeline.close()
     got: dict[str, list] = {rid: [] for rid in streams}
+    started: list[str] = []
     while not outputs.empty():
-        rid, idx, audio, finished, error = outputs.get()
+        item = outputs.get()
+        if item[0] == "start":     # told once a request, before the output of its first chunk
+            assert item[1] not in started and not got[item[1]]
+            started.append(item[1])
+            continue
+        rid, idx, audio, finished, error = item
+        assert rid in started, "the first chunk's output came before its call was reported"
         assert error is None
         assert idx == len(got[rid]), "chunks of a request arrived out of order"
         got[rid].append(audio)

@@ -180,7 +180,8 @@ class TTSEngine:
             if request_id in self._routes:
                 raise RequestError(f"request id {request_id!r} is already running")
             self._routes[request_id] = route
-        self.pipeline.open(request_id, route.on_output, context_codes=prompt_inputs.ref_codes)
+        self.pipeline.open(request_id, route.on_output, context_codes=prompt_inputs.ref_codes,
+                           on_decode_start=route.on_decode_start)
         self.talker.submit(request_id, prompt, sampling, route.on_frames, route.on_finish, route.on_admitted)
         return route, voice
 

@@ -92,6 +92,7 @@ class RequestMetrics:
     prompt_s: float | None = None           # building the prompt, before submission
     admitted_s: float | None = None         # Stage 0 handed the request to vLLM
     first_frame_s: float | None = None
+    first_decode_s: float | None = None     # Stage 1 began the call that decodes the first chunk
     first_chunk_s: float | None = None      # first delta PCM ready (server side)
     finished_s: float | None = None
     frame_times_s: list[float] = field(default_factory=list)
@@ -114,10 +115,14 @@ class RequestMetrics:
     def first_audio_legs(self) -> dict[str, float]:
         """The engine's time to first audio by leg, in seconds: `prompt` (building it, before submission),
         `admit` (until Stage 0 gave the request to vLLM), `first_frame` (prefill and steps), `decode` (Stage 1,
-        until the first chunk). A leg whose ends were not both recorded (a request that failed early, one with
-        no audio) is left out."""
+        until the first chunk), and `decode` in two: `decode_wait` (until Stage 1 began the first chunk's call:
+        the chunk's remaining frames, then Stage 1's calls before it) and `decode_call` (that call: its wait for
+        the GPU work that made the frames, the decode, the read-back). A leg whose ends were not both recorded
+        (a request that failed early, one with no audio) is left out."""
         ends = {"prompt": (0.0, self.prompt_s), "admit": (0.0, self.admitted_s),
-                "first_frame": (self.admitted_s, self.first_frame_s), "decode": (self.first_frame_s, self.first_chunk_s)}
+                "first_frame": (self.admitted_s, self.first_frame_s), "decode": (self.first_frame_s, self.first_chunk_s),
+                "decode_wait": (self.first_frame_s, self.first_decode_s),
+                "decode_call": (self.first_decode_s, self.first_chunk_s)}
         return {leg: end - start for leg, (start, end) in ends.items()
                 if start is not None and end is not None and end >= start}
 

@@ -41,6 +41,7 @@ OutputCallback = Callable[[str, int, np.ndarray, bool, str | None], None]
 @dataclass
 class _Stream:
     on_output: OutputCallback
+    on_decode_start: Callable[[], None] | None = None     # told when the call decoding its first chunk begins
     state: DecoderStreamState | None = None
     history: torch.Tensor | None = None          # context mode: frames available as left context
     pending: list[CodecChunk] = field(default_factory=list)
@@ -76,9 +77,11 @@ class AsyncDecodingPipeline:
         self._thread = OwnerThread("tts-stage1", self._run, on_death)
 
     # ---- commands (any thread) -------------------------------------------------------------------
-    def open(self, request_id: str, on_output: OutputCallback, context_codes: torch.Tensor | None = None) -> None:
-        """Start a stream. `context_codes` (ICL reference codes) condition the decoder, unheard."""
-        self._inbox.put(("open", request_id, (on_output, context_codes)))
+    def open(self, request_id: str, on_output: OutputCallback, context_codes: torch.Tensor | None = None,
+             on_decode_start: Callable[[], None] | None = None) -> None:
+        """Start a stream. `context_codes` (ICL reference codes) condition the decoder, unheard;
+        `on_decode_start` is told (on Stage 1's thread) when the call that decodes the first chunk begins."""
+        self._inbox.put(("open", request_id, (on_output, context_codes, on_decode_start)))
 
     def barrier(self, timeout: float = 30.0) -> None:
         """Return once every message sent before this call has been handled."""
@@ -131,8 +134,8 @@ class AsyncDecodingPipeline:
     def _take(self, message) -> None:
         kind, request_id, payload = message
         if kind == "open":
-            on_output, context = payload
-            stream = _Stream(on_output=on_output)
+            on_output, context, on_decode_start = payload
+            stream = _Stream(on_output=on_output, on_decode_start=on_decode_start)
             try:
                 self._prime(stream, context)
             except Exception as exc:  # a broken prompt must not kill the thread
@@ -177,6 +180,9 @@ class AsyncDecodingPipeline:
     def _decode_batch(self, batch: list, frames: int) -> None:
         """Decode and deliver; a failing batch is retried one stream at a time, so a bad request fails
         alone and the others go on (the streams' states are only replaced after a successful step)."""
+        for _, stream, chunk in batch:
+            if chunk.chunk_idx == 0 and stream.on_decode_start is not None:
+                stream.on_decode_start()
         try:
             audio = self._decode(batch, frames)
         except Exception as exc:

@@ -88,6 +88,11 @@ class Route:
         self._forward(chunk)
 
     # Stage 1 thread ------------------------------------------------------------------------------
+    def on_decode_start(self) -> None:
+        """Stage 1 begins the call that decodes this request's first chunk."""
+        if self.metrics.first_decode_s is None:
+            self.metrics.first_decode_s = self._elapsed()
+
     def on_output(self, request_id: str, chunk_idx: int, audio: np.ndarray, finished: bool,
                   error: str | None) -> None:
         if self.closed:

@@ -190,11 +190,13 @@ def first_chunk_path(results: list[RequestResult]) -> dict[str, float]:
     """Where the time to the first chunk goes, leg by leg (p50 and p95 of each, ms; in-process runs only):
     queue (waiting for an executor thread, validation), prompt (building it), admit (until Stage 0 hands it
     to vLLM), first_frame (prefill and the steps to the first frame), decode (until Stage 1 has decoded the
-    first chunk) and delivery (until the consumer holds it). Legs' p95s do not add up to the total's."""
+    first chunk; split into decode_wait, until Stage 1 begins that chunk's call, and decode_call, the call)
+    and delivery (until the consumer holds it). Legs' p95s do not add up to the total's."""
     legs: dict[str, list[float]] = collections.defaultdict(list)
     for r in results:
         engine = r.engine_legs
-        if r.submit_s is None or r.engine_first_chunk_s is None or r.first_chunk_s is None or len(engine) < 4:
+        if (r.submit_s is None or r.engine_first_chunk_s is None or r.first_chunk_s is None
+                or not {"prompt", "admit", "first_frame", "decode"} <= engine.keys()):
             continue
         for leg, value in {"queue": r.submit_s - engine["prompt"], **engine,
                            "delivery": r.first_chunk_s - r.submit_s - r.engine_first_chunk_s}.items():
