@@ -411,23 +411,26 @@ def test_a_sessions_call_gets_in_while_synthesis_fills_the_replicas(cluster):
     """28 streaming syntheses at once: 8 on each replica (its places without a session), 12 waiting in Serve's
     queue. A session's `stats` on its replica must be answered before any of them has finished, not after
     (without the kept places its replica holds 12 syntheses, all of `max_ongoing_requests`, and the call waits
-    for one to end)."""
+    for one to end). Seeded: unseeded, the random tiny model stops some syntheses after a few frames (EOS), and
+    one that ends before the session's call is made failed the test without any waiting (seen in full runs)."""
     url, _ = cluster
-    body = {**SPEECH, "max_new_tokens": 60, "stream": True}
+    body = {**SPEECH, "max_new_tokens": 60, "stream": True, "seed": 1}
 
     async def scenario():
         async with httpx.AsyncClient(timeout=120) as client:
             session = AgentSession(url)
             await session.open(client)
-            started, finished = [], []
+            started, finished, sizes = [], [], []
 
             async def synthesize():
                 async with client.stream("POST", url + "/v1/audio/speech", json=body) as r:
                     assert r.status_code == 200
                     started.append(time.perf_counter())
-                    async for _ in r.aiter_raw():
-                        pass
+                    size = 0
+                    async for piece in r.aiter_raw():
+                        size += len(piece)
                 finished.append(time.perf_counter())
+                sizes.append(size)
             try:
                 flood = [asyncio.ensure_future(synthesize()) for _ in range(28)]
                 while len(started) < 16:
@@ -441,6 +444,9 @@ def test_a_sessions_call_gets_in_while_synthesis_fills_the_replicas(cluster):
             finally:
                 await session.close()
             assert min(finished) > answered
+            # the premise: every synthesis ran its full length (one seeded request, so one stream length)
+            assert len(set(sizes)) == 1 and sizes[0] >= 50 * 1920 * 2, \
+                f"a synthesis stopped early (EOS), so it could end before the session's call: {sorted(sizes)}"
 
     asyncio.run(scenario())
 
