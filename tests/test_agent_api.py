@@ -401,7 +401,8 @@ def test_metrics_count_what_every_transport_did(server, client):
         assert moved("tts_time_to_first_audio_seconds_count", transport=transport) == 1
         assert moved("tts_real_time_factor_count", transport=transport) == 1
         assert after[("tts_active_streams", (("transport", transport),))] == 0
-    for leg in ("prompt", "admit", "first_frame", "decode", "decode_wait", "decode_call"):   # one per finished request (http, sse, websocket)
+    # one per finished request (http, sse, websocket)
+    for leg in ("prompt", "admit", "first_frame", "decode", "decode_wait", "decode_call"):
         assert moved("tts_first_audio_leg_seconds_count", leg=leg) == 3, leg
         assert moved("tts_first_audio_leg_seconds_sum", leg=leg) > 0, leg
     assert moved("tts_errors_total", code="unknown_voice") == 2          # HTTP body + socket event

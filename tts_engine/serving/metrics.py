@@ -23,7 +23,8 @@ too); the engine's stage queues are read when scraped by a collector bound to th
 prompt), `admit` (until Stage 0 gave the request to vLLM), `first_frame` (prefill and steps), `decode` (Stage 1,
 until the first chunk: with the leading-silence trim, the first chunk that keeps audio, so silent frames before it
 count here), and `decode` in two: `decode_wait` (until Stage 1 began the first chunk's call) and `decode_call`
-(that call, with its wait for the GPU work that made the frames, until the first chunk); waiting for an executor thread and the transport's own delivery are not in them.
+(that call, with its wait for the GPU work that made the frames, until the first chunk); waiting for an executor
+thread and the transport's own delivery are not in them.
 """
 
 from __future__ import annotations
