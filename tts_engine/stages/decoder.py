@@ -222,9 +222,7 @@ class AsyncDecodingPipeline:
                 chunk.ready = None
             if chunk.codes.is_cuda:
                 chunk.codes.record_stream(stream)
-        if stream is self._stream:
-            return self._decode_on(batch)
-        with torch.cuda.stream(stream):
+        with torch.cuda.stream(stream):     # the loop's own stream already, unless a first chunk moved it
             return self._decode_on(batch)
 
     def _decode_on(self, batch: list) -> list[np.ndarray]:
