@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import queue
+import threading
 
 import numpy as np
 import pytest
@@ -167,3 +168,33 @@ def test_abort_drops_the_stream(decoder):
         assert outputs.qsize() <= 1
     finally:
         pipeline.close()
+
+
+def test_a_first_chunk_goes_before_chunks_already_pending(decoder):
+    """Stage 1 reads its inbox between calls: a new request's first chunk, arriving while another request
+    has several 25-frame chunks pending, is decoded in the next call, not after all of them."""
+    pipeline = AsyncDecodingPipeline(decoder, torch.device("cpu"))
+    order: list[tuple[str, int]] = []
+    all_put, new_decoded = threading.Event(), threading.Event()
+    old = _stream(_codes(7), talker2code2wav_async_chunk, _connector(), "old")
+    new = _stream(_codes(8, 30), talker2code2wav_async_chunk, _connector(), "new")
+    assert [c.new_frames for c in old[:4]] == [1, 25, 25, 25] and new[0].new_frames == 1
+
+    def on_old(rid, idx, audio, finished, error):
+        order.append((rid, idx))
+        if idx == 1:        # old's chunks 2, 3, ... are pending now: a new request arrives
+            pipeline.open("new", lambda rid, idx, *rest: (order.append((rid, idx)), new_decoded.set()))
+            pipeline.put(new[0])
+
+    try:
+        pipeline.open("old", on_old, on_decode_start=lambda: all_put.wait(30))
+        for chunk in old:
+            pipeline.put(chunk)
+        all_put.set()
+        assert new_decoded.wait(30)
+        pipeline.barrier()
+        pipeline.abort("new")
+    finally:
+        pipeline.close()
+    assert order[:3] == [("old", 0), ("old", 1), ("new", 0)], order
+    assert [idx for rid, idx in order if rid == "old"] == list(range(len(old)))

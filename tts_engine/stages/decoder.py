@@ -121,15 +121,18 @@ class AsyncDecodingPipeline:
             self._loop()
 
     def _loop(self) -> None:
+        """Take every waiting command, then run one call; block only when no chunk is pending. Reading the
+        inbox between calls is what lets a first chunk that arrives while many 25-frame chunks are pending
+        go next, instead of after all of them (closed 64 streams: a first chunk waited ~120 ms p95)."""
         while not self._stop.is_set():
-            self._take(self._inbox.get())
+            if not any(s.pending for s in self._streams.values()):
+                self._take(self._inbox.get())
             while True:
                 try:
                     self._take(self._inbox.get_nowait())
                 except queue.Empty:
                     break
-            while any(s.pending for s in self._streams.values()):
-                self._decode_round()
+            self._decode_round()
 
     def _take(self, message) -> None:
         kind, request_id, payload = message
