@@ -138,8 +138,8 @@ def run(folder: Path, async_scheduling: bool, requests: int, on_gpu: bool) -> tu
 
 
 def handover_check(folder: Path, requests: int, on_gpu: bool) -> int:
-    """Frames handed to Stage 1 as soon as the code predictor made them (`TalkerStage.early_handover`, a
-    candidate) must stream what handing them over after the whole step does, bit for bit, and overlapping
+    """Frames handed to Stage 1 as soon as the code predictor made them (`TalkerStage.early_handover`, the
+    default) must stream what handing them over after the whole step does, bit for bit, and overlapping
     requests must stream their reported tokens. A missing wait shows as stale codes. One engine."""
     engine = start_engine(folder, True, on_gpu)
     try:

@@ -200,13 +200,15 @@ def test_talker_graph_settings_reach_vllm_only_where_they_differ(tmp_path):
         engine_settings(CONFIGS / "qwen3_tts.yaml", cudagraph_mode="full")
 
 
-def test_stage0_steps_on_a_high_priority_stream_unless_told_not_to(tmp_path):
-    assert load_stage_config(CONFIGS / "qwen3_tts.yaml").talker.high_priority_steps is True
-    normal = _write(tmp_path, lambda d: d["stage_args"][0]["engine_args"].update(high_priority_steps=False))
-    assert load_stage_config(normal).talker.high_priority_steps is False
-    assert engine_settings(CONFIGS / "qwen3_tts.yaml", high_priority_steps=False).talker.high_priority_steps is False
-    wrong = _write(tmp_path, lambda d: d["stage_args"][0]["engine_args"].update(high_priority_steps="yes"))
-    with pytest.raises(StageConfigError, match="high_priority_steps"):
+@pytest.mark.parametrize("switch", ["high_priority_steps", "early_handover"])
+def test_stage0_gpu_switches_are_on_by_default_and_can_be_switched_off(tmp_path, switch):
+    """Stage 0 steps on a high-priority stream; frames go to Stage 1 as soon as the predictor made them."""
+    assert getattr(load_stage_config(CONFIGS / "qwen3_tts.yaml").talker, switch) is True
+    off = _write(tmp_path, lambda d: d["stage_args"][0]["engine_args"].update({switch: False}))
+    assert getattr(load_stage_config(off).talker, switch) is False
+    assert getattr(engine_settings(CONFIGS / "qwen3_tts.yaml", **{switch: False}).talker, switch) is False
+    wrong = _write(tmp_path, lambda d: d["stage_args"][0]["engine_args"].update({switch: "yes"}))
+    with pytest.raises(StageConfigError, match=switch):
         load_stage_config(wrong)
 
 

@@ -97,7 +97,7 @@ class TTSEngine:
             left_context_size=d.left_context_size, graph_shapes=d.graph_shapes(), batch_limit=d.batch_limit,
             on_death=self._stage_died)
         self.talker = TalkerStage(self.talker_engine, config, self.device, on_death=self._stage_died,
-                                  high_priority=t.high_priority_steps)
+                                  high_priority=t.high_priority_steps, early_handover=t.early_handover)
 
     # ---- construction ----------------------------------------------------------------------------
     @classmethod

@@ -72,6 +72,8 @@ class AsyncDecodingPipeline:
         # stream first (priming decodes are queued there without a read-back).
         self.first_chunk_stream: torch.cuda.Stream | None = None
         self.batch_limit = batch_limit or (lambda frames: max_batch_size)
+        self.drain_pending = False      # the old loop, for the bench (variant `stage1-drain-pending`)
+        self.drain_pending = False      # the old loop, for the bench (variant `stage1-drain-pending`)
         if self._stream is not None and mode == "exact" and graph_shapes:
             decoder.enable_cuda_graphs(graph_shapes)
         self._thread = OwnerThread("tts-stage1", self._run, on_death)
@@ -133,6 +135,8 @@ class AsyncDecodingPipeline:
                 except queue.Empty:
                     break
             self._decode_round()
+            while self.drain_pending and any(s.pending for s in self._streams.values()):
+                self._decode_round()
 
     def _take(self, message) -> None:
         kind, request_id, payload = message

@@ -85,7 +85,8 @@ class TalkerStage:
     """Owns the vLLM talker engine and its stepping thread."""
 
     def __init__(self, engine: TalkerEngine, config: Qwen3TTSConfig, device: torch.device,
-                 on_death: Callable[[BaseException], None] | None = None, high_priority: bool = True):
+                 on_death: Callable[[BaseException], None] | None = None, high_priority: bool = True,
+                 early_handover: bool = True):
         self.engine = engine
         self.config = config
         self.device = device
@@ -118,15 +119,15 @@ class TalkerStage:
         # than sharing the SMs with them.
         self.step_stream = (torch.cuda.Stream(device, priority=-1)
                             if device.type == "cuda" and high_priority else None)
-        # A candidate, off unless set (bench variant `early-handover`): frames go on to Stage 1 from a stream of
-        # their own that waits only for the code predictor (the event `decode_embeddings` records), not for the
-        # talker's forward and sampling queued behind it on the steps' stream. Measured in the seventh pass with
-        # no gain while the decode hook still synced the host once a step (which held the host back until the
-        # predictor was done); since that sync is gone the host hands frames over while the step's predictor
-        # and forward are still queued, so Stage 1 waits for both: the decode leg grew from 6.3 to 9.2 ms.
+        # Early hand-over (config `early_handover`, default on; bench variant `late-handover` switches it off):
+        # frames go on to Stage 1 from a stream of their own that waits only for the code predictor (the event
+        # `decode_embeddings` records), not for the talker's forward and sampling queued behind it on the steps'
+        # stream. Since the host no longer syncs once a step, it hands frames over while the step is still
+        # queued, so with a late hand-over Stage 1 waits for the whole step (ninth pass, Poisson 1: the first
+        # chunk's decode call p50 6.1 vs 8.1 ms).
         self._handover = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
         self._frames_made = torch.cuda.Event() if device.type == "cuda" else None
-        self.early_handover = False
+        self.early_handover = early_handover
         if self.device.type == "cuda" and not engine.enforce_eager:
             # One graph per batch bucket up to the engine's batch limit, captured before serving.
             self.model.code_predictor.enable_cuda_graphs(engine.max_num_seqs)

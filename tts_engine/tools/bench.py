@@ -431,8 +431,11 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "decoder-calls-100-frames": {"decoder_batch_frames": 100},
     # a candidate (switched on): Stage 1 calls that carry a first chunk run on a stream of Stage 0's priority
     "stage1-first-chunk-priority": {"first_chunk_priority": True},
-    # a candidate (switched on): frames go to Stage 1 once the code predictor made them, not after the whole step
-    "early-handover": {"early_handover": True},
+    # frames go to Stage 1 after the whole talker step, not once the code predictor made them
+    "late-handover": {"early_handover": False},
+    # Stage 1 decodes every pending chunk before it reads new commands (the loop before the ninth pass): a first
+    # chunk that arrives meanwhile waits for all of them
+    "stage1-drain-pending": {"stage1_drain_pending": True},
 }
 
 
@@ -522,6 +525,9 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
             limits = engine.pipeline.batch_limit.__self__
             previous[key] = limits.max_batch_frames
             engine.pipeline.batch_limit = dataclasses.replace(limits, max_batch_frames=value).batch_limit
+        elif key == "stage1_drain_pending":
+            previous[key] = engine.pipeline.drain_pending
+            engine.pipeline.drain_pending = value
         elif key == "first_chunk_priority":
             previous[key] = engine.pipeline.first_chunk_stream is not None
             engine.pipeline.first_chunk_priority(value)
