@@ -8,7 +8,6 @@ x-vector and ICL, `non_streaming_mode` on and off); the fidelity tests pin it to
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -146,8 +145,9 @@ class PromptBuilder:
         """The prompts of several requests (a burst), in order; a request whose prompt fails gets its error in
         its place and the others go on. On CUDA their prefills come back in one read-back: the host waits
         once for the burst, not once a prompt behind the prompts built before it (see `build`)."""
-        on_stream = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
-        with on_stream:     # the same path on the CPU, where the read-back is a copy
+        if self.stream is None:
+            return [self._try_build(p) for p in inputs]
+        with torch.cuda.stream(self.stream):
             built = [self._try_build(p) for p in inputs]
             ok = [b for b in built if isinstance(b, TalkerPrompt)]
             if not ok:
