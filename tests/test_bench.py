@@ -246,12 +246,10 @@ def test_stream_candidates_switch_on_and_back():
     pipeline.first_chunk_priority = lambda on: (switched.append(on),
                                                 setattr(pipeline, "first_chunk_stream", "stream" if on else None))
     engine = SimpleNamespace(talker=SimpleNamespace(early_handover=True), pipeline=pipeline,
-                             admission=SimpleNamespace(max_batch=None),
                              talker_engine=SimpleNamespace(model=SimpleNamespace(code_predictor=None)))
     previous = apply_variant(engine, {**VARIANTS["late-handover"], **VARIANTS["stage1-first-chunk-priority"],
-                                      **VARIANTS["stage1-drain-pending"], **VARIANTS["prompts-one-by-one"]})
+                                      **VARIANTS["stage1-drain-pending"]})
     assert engine.talker.early_handover is False and pipeline.first_chunk_stream == "stream" and pipeline.drain_pending
-    assert engine.admission.max_batch == 1
     apply_variant(engine, previous)
     assert engine.talker.early_handover is True and pipeline.first_chunk_stream is None and switched == [True, False]
-    assert pipeline.drain_pending is False and engine.admission.max_batch is None
+    assert pipeline.drain_pending is False

@@ -36,21 +36,6 @@ def test_dialect_changes_the_prompt(engine):
     assert engine.prompts.language_id("english", "eric") == engine.config.talker.languages["english"]
 
 
-def test_prompts_built_together_equal_each_built_alone_and_a_bad_one_fails_alone(engine):
-    """`build_many` (a burst, one read-back) gives each request the prompt `build` gives it; a request whose
-    prompt cannot be built gets its error in its place."""
-    from tts_engine.models.qwen3_tts.prompt import PromptInputs
-    good = [PromptInputs(text="Hi there.", language="english", speaker="ryan"),
-            PromptInputs(text="A longer sentence for the second one.", language="auto", speaker="eric",
-                         instruct="Whisper.")]
-    built = engine.prompts.build_many([good[0], PromptInputs(text="Hi", speaker="nobody"), good[1]])
-    assert isinstance(built[1], KeyError)
-    for inputs, together in zip(good, [built[0], built[2]]):
-        alone = engine.prompts.build(inputs)
-        assert together.prefill.shape == alone.prefill.shape and bool((together.prefill == alone.prefill).all())
-        assert bool((together.trailing == alone.trailing).all())
-
-
 @pytest.mark.parametrize("request_kwargs, message", [
     (dict(text="Hi", speaker="nobody"), "unknown speaker 'nobody'"),
     (dict(text="Hi", speaker="ryan", language="klingon"), "unsupported language 'klingon'"),

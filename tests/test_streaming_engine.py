@@ -158,17 +158,17 @@ def test_abort_mid_stream_frees_every_buffer(engine, voices):
 
 
 def test_a_caller_that_gives_up_while_its_request_is_submitted_leaves_nothing_running(engine, voices, monkeypatch):
-    """Cancelled while the admission thread started it (held inside the prompt build here), the request must
-    not run on to its end with nobody reading it: the engine aborts it once it is in."""
+    """Cancelled while the submit ran on its executor thread (held inside the prompt build here), the request
+    must not run on to its end with nobody reading it: the engine aborts it once it is in."""
     import threading
 
-    build, building, release = engine.prompts.build_many, threading.Event(), threading.Event()
+    build, building, release = engine.prompts.build, threading.Event(), threading.Event()
 
     def held_build(inputs):
         building.set()
         release.wait(30)
         return build(inputs)
-    monkeypatch.setattr(engine.prompts, "build_many", held_build)
+    monkeypatch.setattr(engine.prompts, "build", held_build)
     request = SpeechRequest(text="Nobody will hear this. " * 4, voice=voices["a_xvec"], max_new_tokens=400, **GREEDY)
 
     async def give_up():
@@ -179,8 +179,9 @@ def test_a_caller_that_gives_up_while_its_request_is_submitted_leaves_nothing_ru
         with pytest.raises(asyncio.CancelledError):
             await task
         release.set()
-        engine.drain()      # the admission thread has started it (this loop stays open: a closed one would
-        return engine.debug_state()     # abort the request on its first delivery)
+        await loop.shutdown_default_executor()    # the submit thread has finished (this loop stays open: a
+        engine.drain()                            # closed one would abort the request on its first delivery)
+        return engine.debug_state()
     state = asyncio.run(give_up())
     assert all("given-up" not in ids for ids in state.values()), state
     engine.drain()

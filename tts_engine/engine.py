@@ -14,7 +14,6 @@ import queue
 import threading
 import time
 import uuid
-from concurrent.futures import Future
 from pathlib import Path
 from typing import AsyncIterator, Iterator
 
@@ -42,7 +41,6 @@ from tts_engine.request import (
     VoicePrompt,
     resolve_language,
 )
-from tts_engine.stages.admission import Admission, Submission
 from tts_engine.stages.decoder import AsyncDecodingPipeline
 from tts_engine.stages.route import Route
 from tts_engine.stages.talker import MIN_NEW_TOKENS, TalkerSampling, TalkerStage
@@ -100,8 +98,6 @@ class TTSEngine:
             on_death=self._stage_died)
         self.talker = TalkerStage(self.talker_engine, config, self.device, on_death=self._stage_died,
                                   high_priority=t.high_priority_steps, early_handover=t.early_handover)
-        self.admission = Admission(self._start_many, lambda: EngineClosed("the engine is closed"),
-                                   on_death=self._stage_died)
 
     # ---- construction ----------------------------------------------------------------------------
     @classmethod
@@ -132,7 +128,6 @@ class TTSEngine:
         if self._closed:
             return
         self._closed = True
-        self.admission.close()
         self.talker.close()
         self.pipeline.close()
         self.talker_engine.close()
@@ -163,55 +158,23 @@ class TTSEngine:
     # ---- synthesis -------------------------------------------------------------------------------
     def _submit(self, request: SpeechRequest, deliver, request_id: str | None = None
                 ) -> tuple[Route, VoicePrompt | None]:
-        """Validate, build the prompt and start both stages; outputs go to `deliver` (any thread). Blocks
-        until the admission thread has started it (with whatever else was waiting)."""
-        return self._admit(request, deliver, request_id).result()
-
-    def _admit(self, request: SpeechRequest, deliver, request_id: str | None = None,
-               abandoned: threading.Event | None = None) -> Future:
-        """Hand a request to the admission thread; the future gets (route, voice) or the request's error."""
+        """Validate, build the prompt and start both stages; outputs go to `deliver` (any thread)."""
         if self._closed:
             raise EngineClosed("the engine is closed")
         if not self.healthy:
             raise EngineClosed(f"the engine stopped working ({self.health()['error']}); it must be restarted")
-        return self.admission.submit(request, deliver, request_id, abandoned)
-
-    def _start_many(self, batch: list[Submission]) -> None:
-        """On the admission thread: every request that was waiting, their prompts built in one pass
-        (`PromptBuilder.build_many`), then each started in both stages. A bad request fails alone."""
-        prepared = []
-        for s in batch:
-            try:
-                prepared.append((s, *self._prompt_inputs(s.request)))
-            except Exception as exc:
-                s.future.set_exception(exc)
-        if not prepared:
-            return
+        prompt_inputs, voice = self._prompt_inputs(request)
         started = time.perf_counter()
-        prompts = self.prompts.build_many([inputs for _, inputs, _ in prepared])
-        prompt_s = time.perf_counter() - started       # each request's prompt leg: its burst's build
-        for (s, inputs, voice), prompt in zip(prepared, prompts):
-            try:
-                if isinstance(prompt, Exception):
-                    raise prompt
-                route = self._start(s, inputs, prompt, prompt_s)
-            except Exception as exc:
-                s.future.set_exception(exc)
-                continue
-            if s.abandoned is not None and s.abandoned.is_set():   # the caller stopped waiting meanwhile
-                self.abort(route.request_id)
-            s.future.set_result((route, voice))
-
-    def _start(self, s: Submission, prompt_inputs: PromptInputs, prompt, prompt_s: float) -> Route:
-        request = s.request
+        prompt = self.prompts.build(prompt_inputs)
+        prompt_s = time.perf_counter() - started
         positions, limit = prompt.prefill.shape[0], self.talker_engine.max_model_len
         if positions >= limit:
             raise PromptTooLong(f"text is too long: its prompt takes {positions} positions and the engine's "
                                 f"max_model_len is {limit}; split the text or raise max_model_len")
         sampling = self._sampling(request)
-        request_id = s.request_id or uuid.uuid4().hex
+        request_id = request_id or uuid.uuid4().hex
         trimmer = LeadingSilenceTrimmer(SAMPLE_RATE) if request.trim_leading_silence else None
-        route = Route(request_id, self.settings.talker.processor, self.connector, self.pipeline, s.deliver,
+        route = Route(request_id, self.settings.talker.processor, self.connector, self.pipeline, deliver,
                       self._route_done, self.decoder_device, trimmer, prompt_s)
         with self._routes_lock:
             if request_id in self._routes:
@@ -220,7 +183,7 @@ class TTSEngine:
         self.pipeline.open(request_id, route.on_output, context_codes=prompt_inputs.ref_codes,
                            on_decode_start=route.on_decode_start)
         self.talker.submit(request_id, prompt, sampling, route.on_frames, route.on_finish, route.on_admitted)
-        return route
+        return route, voice
 
     def _route_done(self, request_id: str) -> None:
         with self._routes_lock:
@@ -260,12 +223,19 @@ class TTSEngine:
                 self.abort(request_id)
 
         abandoned = threading.Event()
+
+        def submit() -> Route:       # on an executor thread
+            route, _ = self._submit(request, deliver, request_id)
+            if abandoned.is_set():   # the caller stopped waiting while this was being submitted
+                self.abort(request_id)
+            return route
+
         try:
-            route, _ = await asyncio.wrap_future(self._admit(request, deliver, request_id, abandoned))
+            route = await loop.run_in_executor(None, submit)
         except asyncio.CancelledError:
-            # Cancelled while the admission thread may be starting it: the request would otherwise run to its
-            # end with nobody reading it. Set first, then abort: either this abort finds the route, or the
-            # admission thread sees the flag after registering it.
+            # Cancelled while the submit ran on its thread: the request would otherwise run to its end with
+            # nobody reading it. Set first, then abort: either this abort finds the route, or the thread sees
+            # the flag after registering it.
             abandoned.set()
             self.abort(request_id)
             raise
@@ -295,8 +265,7 @@ class TTSEngine:
         self.pipeline.abort(request_id)
 
     def drain(self, timeout: float = 30.0) -> None:
-        """Wait until the admission and both stage threads have handled every command sent before this call."""
-        self.admission.barrier(timeout)
+        """Wait until both stage threads have handled every command sent before this call."""
         self.talker.barrier(timeout)
         self.pipeline.barrier(timeout)
 
@@ -307,11 +276,11 @@ class TTSEngine:
 
     @property
     def healthy(self) -> bool:
-        return not self._closed and self.talker.alive and self.pipeline.alive and self.admission.alive
+        return not self._closed and self.talker.alive and self.pipeline.alive
 
     def health(self) -> dict:
         """Liveness of each stage thread (a stage whose thread died never comes back: restart the engine)."""
-        died = self.talker._thread.died or self.pipeline._thread.died or self.admission._thread.died
+        died = self.talker._thread.died or self.pipeline._thread.died
         return {"healthy": self.healthy, "closed": self._closed, "stage0": self.talker.alive,
                 "stage1": self.pipeline.alive, "active_requests": self.active_request_count,
                 "held": self._held_counts(),

@@ -436,8 +436,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # Stage 1 decodes every pending chunk before it reads new commands (the loop before the ninth pass): a first
     # chunk that arrives meanwhile waits for all of them
     "stage1-drain-pending": {"stage1_drain_pending": True},
-    # the admission thread starts one request at a time: no prompts built together, one read-back each
-    "prompts-one-by-one": {"admission_batch": 1},
 }
 
 
@@ -527,9 +525,6 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
             limits = engine.pipeline.batch_limit.__self__
             previous[key] = limits.max_batch_frames
             engine.pipeline.batch_limit = dataclasses.replace(limits, max_batch_frames=value).batch_limit
-        elif key == "admission_batch":
-            previous[key] = engine.admission.max_batch
-            engine.admission.max_batch = value
         elif key == "stage1_drain_pending":
             previous[key] = engine.pipeline.drain_pending
             engine.pipeline.drain_pending = value

@@ -136,31 +136,12 @@ class PromptBuilder:
         its steps read (`trailing`, `tts_pad`) as used on its stream (`TalkerStage`), so the caching allocator
         does not hand their memory to another prompt while a step may still read them.
         """
-        prompt = self.build_many([p])[0]
-        if isinstance(prompt, Exception):
-            raise prompt
-        return prompt
-
-    def build_many(self, inputs: list[PromptInputs]) -> list[TalkerPrompt | Exception]:
-        """The prompts of several requests (a burst), in order; a request whose prompt fails gets its error in
-        its place and the others go on. On CUDA their prefills come back in one read-back: the host waits
-        once for the burst, not once a prompt behind the prompts built before it (see `build`)."""
         if self.stream is None:
-            return [self._try_build(p) for p in inputs]
-        with torch.cuda.stream(self.stream):
-            built = [self._try_build(p) for p in inputs]
-            ok = [b for b in built if isinstance(b, TalkerPrompt)]
-            if not ok:
-                return built
-            prefills = iter(torch.cat([b.prefill for b in ok]).cpu().split([b.prefill.shape[0] for b in ok]))
-        return [b if isinstance(b, Exception) else TalkerPrompt(prefill=next(prefills), trailing=b.trailing,
-                                                                  tts_pad=b.tts_pad) for b in built]
-
-    def _try_build(self, p: PromptInputs) -> TalkerPrompt | Exception:
-        try:
             return self._build(p)
-        except Exception as exc:    # noqa: BLE001 -- handed back in the request's place
-            return exc
+        with torch.cuda.stream(self.stream):
+            prompt = self._build(p)
+            prefill = prompt.prefill.cpu()        # waits for this stream only
+        return TalkerPrompt(prefill=prefill, trailing=prompt.trailing, tts_pad=prompt.tts_pad)
 
     @torch.inference_mode()
     def _build(self, p: PromptInputs) -> TalkerPrompt:
