@@ -28,6 +28,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from tts_engine.cuda_streams import high_priority_stream
 from tts_engine.models.qwen3_tts.codec_decoder import Code2WavDecoder, DecoderStreamState
 from tts_engine.processors.qwen3_tts import CodecChunk
 from tts_engine.stages.owner_thread import OwnerThread
@@ -212,7 +213,7 @@ class AsyncDecodingPipeline:
         """Switch the first-chunk stream (see `first_chunk_stream`); GPU only, a no-op on the CPU."""
         if self._stream is None:
             return
-        self.first_chunk_stream = torch.cuda.Stream(self.device, priority=-1) if on else None
+        self.first_chunk_stream = high_priority_stream(self.device) if on else None
 
     def _decode(self, batch: list, frames: int) -> list[np.ndarray]:
         if frames == 0:

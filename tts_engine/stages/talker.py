@@ -25,6 +25,7 @@ from typing import Callable
 
 import torch
 
+from tts_engine.cuda_streams import high_priority_stream
 from tts_engine.models.qwen3_tts.config import Qwen3TTSConfig
 from tts_engine.models.qwen3_tts.prompt import TalkerPrompt
 from tts_engine.models.qwen3_tts.sampling import BatchSampling, RowSampling, to_device
@@ -117,15 +118,14 @@ class TalkerStage:
         # the default one every other stream has (Stage 1, the prompt builder): the GPU then schedules a step's
         # kernels ahead of those of Stage 1's decoder calls queued beside it (tens of ms at 64 streams) rather
         # than sharing the SMs with them.
-        self.step_stream = (torch.cuda.Stream(device, priority=-1)
-                            if device.type == "cuda" and high_priority else None)
+        self.step_stream = high_priority_stream(device) if high_priority else None
         # Early hand-over (config `early_handover`, default on; bench variant `late-handover` switches it off):
         # frames go on to Stage 1 from a stream of their own that waits only for the code predictor (the event
         # `decode_embeddings` records), not for the talker's forward and sampling queued behind it on the steps'
         # stream. Since the host no longer syncs once a step, it hands frames over while the step is still
         # queued, so with a late hand-over Stage 1 waits for the whole step (ninth pass, Poisson 1: the first
         # chunk's decode call p50 6.1 vs 8.1 ms).
-        self._handover = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
+        self._handover = high_priority_stream(device)
         self._frames_made = torch.cuda.Event() if device.type == "cuda" else None
         self.early_handover = early_handover
         if self.device.type == "cuda" and not engine.enforce_eager:

@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from tts_engine.cuda_streams import high_priority_stream
 from tts_engine.models.qwen3_tts.config import Qwen3TTSConfig
 from tts_engine.models.qwen3_tts.sampling import to_device
 from tts_engine.models.qwen3_tts.weights import load_into, read_prefixed
@@ -92,7 +93,7 @@ class PromptBuilder:
         # On CUDA the prompt is built on a stream of its own (see `build`); None builds on the caller's stream.
         # (high priority: its few kernels go ahead of queued steps, and the pool of high-priority streams is
         # not the one the stages' and graph captures' streams come from)
-        self.stream = torch.cuda.Stream(self.device, priority=-1) if self.device.type == "cuda" else None
+        self.stream = high_priority_stream(self.device)
         self._constants: dict[tuple, torch.Tensor] = {}
         self.cache_constants = True
 
