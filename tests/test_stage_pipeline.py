@@ -198,3 +198,40 @@ def test_a_first_chunk_goes_before_chunks_already_pending(decoder):
         pipeline.close()
     assert order[:3] == [("old", 0), ("old", 1), ("new", 0)], order
     assert [idx for rid, idx in order if rid == "old"] == list(range(len(old)))
+
+
+def test_a_steady_supply_of_first_chunks_cannot_hold_a_stream_back_forever(decoder):
+    """Smaller chunks go first, but a chunk passed over `max_passed_over` times goes next: with a new request's
+    first chunk arriving at every call, another stream's pending 25-frame chunk still gets its turn."""
+    pipeline = AsyncDecodingPipeline(decoder, torch.device("cpu"))
+    order: list[tuple[str, int]] = []
+    all_put, supply_done = threading.Event(), threading.Event()
+    old = _stream(_codes(9), talker2code2wav_async_chunk, _connector(), "old")
+    firsts = [_stream(_codes(20 + i, 3), talker2code2wav_async_chunk, _connector(), f"new-{i}")[0] for i in range(20)]
+
+    def arrive(i: int) -> None:
+        if i == len(firsts):
+            supply_done.set()
+            return
+        pipeline.open(f"new-{i}", lambda rid, idx, *rest: (order.append((rid, idx)), arrive(i + 1)))
+        pipeline.put(firsts[i])
+
+    def on_old(rid, idx, *rest):
+        order.append((rid, idx))
+        if idx == 0:
+            arrive(0)
+
+    try:
+        pipeline.open("old", on_old, on_decode_start=lambda: all_put.wait(30))
+        for chunk in old[:2]:           # 1 frame, then 25 frames
+            pipeline.put(chunk)
+        all_put.set()
+        assert supply_done.wait(30)
+        pipeline.barrier()
+    finally:
+        pipeline.close()
+    limit = pipeline.max_passed_over
+    assert order[0] == ("old", 0)
+    assert order[1:limit + 1] == [(f"new-{i}", 0) for i in range(limit)], order
+    assert order[limit + 1] == ("old", 1), order
+    assert sorted(order[limit + 2:]) == sorted((f"new-{i}", 0) for i in range(limit, len(firsts)))

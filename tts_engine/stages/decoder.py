@@ -46,6 +46,7 @@ class _Stream:
     state: DecoderStreamState | None = None
     history: torch.Tensor | None = None          # context mode: frames available as left context
     pending: list[CodecChunk] = field(default_factory=list)
+    passed_over: int = 0     # calls that took smaller chunks ahead of this stream's oldest pending one
 
 
 class AsyncDecodingPipeline:
@@ -74,7 +75,9 @@ class AsyncDecodingPipeline:
         self.first_chunk_stream: torch.cuda.Stream | None = None
         self.batch_limit = batch_limit or (lambda frames: max_batch_size)
         self.drain_pending = False      # the old loop, for the bench (variant `stage1-drain-pending`)
-        self.drain_pending = False      # the old loop, for the bench (variant `stage1-drain-pending`)
+        # Smaller chunks go first (a new request's first chunk: time to first audio), but a chunk passed over
+        # this many times goes next, so a steady supply of small chunks cannot hold a stream's chunk forever.
+        self.max_passed_over = 8
         if self._stream is not None and mode == "exact" and graph_shapes:
             decoder.enable_cuda_graphs(graph_shapes)
         self._thread = OwnerThread("tts-stage1", self._run, on_death)
@@ -172,7 +175,8 @@ class AsyncDecodingPipeline:
 
     def _decode_round(self) -> None:
         """Decode one call's worth: among the streams' oldest pending chunks, the group with the fewest
-        new frames (a new request's first chunk first: time to first audio), up to `batch_limit` of them.
+        new frames (a new request's first chunk first: time to first audio), up to `batch_limit` of them,
+        unless a chunk has been passed over for smaller ones `max_passed_over` times: then its group.
         One call per round, so the loop takes new commands between calls and a first chunk that arrives
         while big chunks are being decoded waits for one call, not for a whole round of them."""
         groups: dict[int, list] = {}
@@ -182,7 +186,17 @@ class AsyncDecodingPipeline:
         if not groups:
             return
         frames = min(groups)
-        batch = [(rid, stream, stream.pending.pop(0)) for rid, stream in groups[frames][:self.batch_limit(frames)]]
+        longest_held = max((m for group in groups.values() for m in group), key=lambda m: m[1].passed_over)
+        if longest_held[1].passed_over >= self.max_passed_over:
+            frames = longest_held[1].pending[0].new_frames
+        members = sorted(groups[frames], key=lambda m: -m[1].passed_over)     # stable: arrival order otherwise
+        for size, group in groups.items():
+            if size > frames:
+                for _, stream in group:
+                    stream.passed_over += 1
+        batch = [(rid, stream, stream.pending.pop(0)) for rid, stream in members[:self.batch_limit(frames)]]
+        for _, stream, _ in batch:
+            stream.passed_over = 0
         self._decode_batch(batch, frames)
 
     def _decode_batch(self, batch: list, frames: int) -> None:
