@@ -36,6 +36,36 @@ def test_dialect_changes_the_prompt(engine):
     assert engine.prompts.language_id("english", "eric") == engine.config.talker.languages["english"]
 
 
+def test_cached_prompt_parts_equal_freshly_built_ones(engine):
+    """The prompt builder keeps what every request of a language and preset speaker shares; a prompt built from
+    the cache is the one built from scratch, and a speaker vector (a cloned voice) is never cached."""
+    import torch
+
+    from tts_engine.models.qwen3_tts.prompt import PromptInputs
+    cases = [PromptInputs(text="Hi there.", language="english", speaker="ryan"),
+             PromptInputs(text="Good morning, everyone.", language="auto", speaker="eric"),      # dialect
+             PromptInputs(text="I have news.", language="english", speaker="vivian", instruct="Speak slowly."),
+             PromptInputs(text="Nobody's voice.", language="chinese"),
+             PromptInputs(text="Hi there.", language="english", speaker="ryan", non_streaming_mode=True)]
+    prompts = engine.prompts
+    try:
+        prompts.cache_constants = False
+        prompts._constants.clear()
+        fresh = [prompts.build(c) for c in cases]
+        prompts.cache_constants = True
+        cached = [[prompts.build(c) for c in cases] for _ in range(2)]     # the first fills the cache
+    finally:
+        prompts.cache_constants = True
+    assert ("codec track", engine.config.talker.languages["english"], "ryan") in prompts._constants
+    for run in cached:
+        for alone, built in zip(fresh, run):
+            assert torch.equal(alone.prefill, built.prefill) and torch.equal(alone.trailing, built.trailing)
+    hidden = prompts.text.linear_fc2.out_features
+    v1, v2 = torch.randn(hidden, generator=torch.Generator().manual_seed(1)), torch.zeros(hidden)
+    one, two = (prompts.build(PromptInputs(text="Cloned.", language="english", speaker_vector=v)) for v in (v1, v2))
+    assert not torch.equal(one.prefill, two.prefill), "a speaker vector's prompt came from another voice's cache"
+
+
 @pytest.mark.parametrize("request_kwargs, message", [
     (dict(text="Hi", speaker="nobody"), "unknown speaker 'nobody'"),
     (dict(text="Hi", speaker="ryan", language="klingon"), "unsupported language 'klingon'"),
