@@ -67,7 +67,8 @@ class AsyncDecodingPipeline:
         self._inbox: queue.Queue = queue.Queue()
         self._stop = threading.Event()
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        # A candidate, off unless set (bench variant `stage1-first-chunk-priority`; not measured yet): a call
+        # A candidate, off unless set (bench variant `stage1-first-chunk-priority`; measured in the ninth pass, no
+        # gain: the first chunk's call did not get shorter, so it is not waiting for the GPU's scheduler): a call
         # that carries a request's first chunk runs on a stream of Stage 0's priority instead of the default
         # one, so the GPU does not put it behind the talker's steps. Safe with one thread of calls because
         # each call ends with its read-back (the next call finds both streams idle) and waits for the main
