@@ -253,3 +253,28 @@ def test_stream_candidates_switch_on_and_back():
     apply_variant(engine, previous)
     assert engine.talker.early_handover is True and pipeline.first_chunk_stream is None and switched == [True, False]
     assert pipeline.drain_pending is False
+
+
+def test_the_worktree_id_names_the_commit_whose_files_ran(tmp_path):
+    """Results from a copy of the tree without its history can be traced to the commit with the same tree."""
+    import subprocess
+
+    from tts_engine.tools.bench import worktree_id
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=tmp_path, capture_output=True, text=True, check=True).stdout.strip()
+    git("init", "-q")
+    (tmp_path / ".gitignore").write_text("ignored/\n")
+    (tmp_path / "a.py").write_text("one\n")
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first")
+    (tmp_path / "ignored").mkdir()
+    (tmp_path / "ignored" / "big.bin").write_text("not code\n")
+    assert worktree_id(tmp_path) == git("rev-parse", "HEAD^{tree}")      # ignored files do not count
+    (tmp_path / "a.py").write_text("two\n")
+    changed = worktree_id(tmp_path)
+    assert changed != git("rev-parse", "HEAD^{tree}")
+    assert git("diff", "--cached", "--name-only") == ""      # the real index was left alone
+    git("add", "-A")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "second")
+    assert changed == git("rev-parse", "HEAD^{tree}")

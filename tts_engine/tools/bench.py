@@ -622,7 +622,20 @@ def environment(device: str) -> dict:
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
                                capture_output=True, text=True, check=True).stdout.strip()
         env["dirty"] = bool(dirty)
+    with contextlib.suppress(Exception):
+        env["tree"] = worktree_id(REPO)
     return env
+
+
+def worktree_id(repo: Path) -> str:
+    """The git tree id of the files as they are (tracked ones, and untracked ones git does not ignore). A copy
+    of the tree on another machine (the GPU's gets the files with a stale history, so its `commit` names the
+    wrong one) gives the same id, and `git log --format='%h %T' | grep ID` here finds the commit that ran."""
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "GIT_INDEX_FILE": os.path.join(tmp, "index")}
+        subprocess.run(["git", "add", "-A"], cwd=repo, env=env, capture_output=True, check=True)
+        return subprocess.run(["git", "write-tree"], cwd=repo, env=env, capture_output=True, text=True,
+                              check=True).stdout.strip()
 
 
 def resolve_checkpoint(args) -> Path:
