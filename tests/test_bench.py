@@ -86,6 +86,8 @@ def test_end_to_end_tiny_fixed_frames(tmp_path):
         assert row["errors"] == 0 and row["requests"] == 2
         for key in ("first_chunk_ms_p50", "first_audible_ms_p50", "frame_ms_p50", "rtf_p50", "audio_s_per_s"):
             assert row[key] is not None and row[key] > 0, key
+        # Stage 1's calls of this level: at least one per request (12 frames: first chunk, then the rest)
+        assert row["stage1_calls"] >= 2 and 0 <= row["stage1_calls_by_pass_over"] <= row["stage1_calls"]
         for request in row["requests_detail"]:
             assert request["frames"] == 12                        # fixed frame count honoured
             assert request["audio_s"] == pytest.approx(12 * 0.08)
@@ -278,3 +280,19 @@ def test_the_worktree_id_names_the_commit_whose_files_ran(tmp_path):
     git("add", "-A")
     git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "second")
     assert changed == git("rev-parse", "HEAD^{tree}")
+
+
+def test_stage1_calls_are_counted_per_level():
+    """A level's row carries Stage 1's calls made during it and how many the pass-over bound chose."""
+    from types import SimpleNamespace
+
+    from tts_engine.tools.bench import StageOneCalls
+
+    counter = StageOneCalls()
+    assert counter.take() == {}                      # no engine in process: nothing to say
+    counter.pipeline = SimpleNamespace(calls=10, calls_by_pass_over=1)
+    counter.reset()                                  # a level starts
+    counter.pipeline.calls, counter.pipeline.calls_by_pass_over = 25, 3
+    assert counter.take() == {"stage1_calls": 15, "stage1_calls_by_pass_over": 2}
+    counter.pipeline.calls = 30
+    assert counter.take() == {"stage1_calls": 5, "stage1_calls_by_pass_over": 0}

@@ -234,4 +234,5 @@ def test_a_steady_supply_of_first_chunks_cannot_hold_a_stream_back_forever(decod
     assert order[0] == ("old", 0)
     assert order[1:limit + 1] == [(f"new-{i}", 0) for i in range(limit)], order
     assert order[limit + 1] == ("old", 1), order
+    assert (pipeline.calls, pipeline.calls_by_pass_over) == (2 + len(firsts), 1)
     assert sorted(order[limit + 2:]) == sorted((f"new-{i}", 0) for i in range(limit, len(firsts)))

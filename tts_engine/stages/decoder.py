@@ -79,6 +79,8 @@ class AsyncDecodingPipeline:
         # Smaller chunks go first (a new request's first chunk: time to first audio), but a chunk passed over
         # this many times goes next, so a steady supply of small chunks cannot hold a stream's chunk forever.
         self.max_passed_over = 8
+        self.calls = 0                  # decode calls made, and how many of them the bound above chose (the
+        self.calls_by_pass_over = 0     # bench reports both per level; written by Stage 1's thread only)
         if self._stream is not None and mode == "exact" and graph_shapes:
             decoder.enable_cuda_graphs(graph_shapes)
         self._thread = OwnerThread("tts-stage1", self._run, on_death)
@@ -190,6 +192,9 @@ class AsyncDecodingPipeline:
         longest_held = max((m for group in groups.values() for m in group), key=lambda m: m[1].passed_over)
         if longest_held[1].passed_over >= self.max_passed_over:
             frames = longest_held[1].pending[0].new_frames
+            if frames != min(groups):
+                self.calls_by_pass_over += 1
+        self.calls += 1
         members = sorted(groups[frames], key=lambda m: -m[1].passed_over)     # stable: arrival order otherwise
         for size, group in groups.items():
             if size > frames:

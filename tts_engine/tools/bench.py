@@ -182,6 +182,7 @@ def summarize(name: str, level: int, mode: str, results: list[RequestResult], wa
     if GC_PAUSES.installed:
         out.update(GC_PAUSES.take())
     out.update(STEPS.take())
+    out.update(STAGE1.take())
     out.update(extra or {})
     return out
 
@@ -268,6 +269,33 @@ def summarize_steps(records: list) -> dict:
 
 
 STEPS = StageZeroSteps()
+
+
+class StageOneCalls:
+    """Stage 1's decode calls per level, and how many of them its pass-over bound chose
+    (`AsyncDecodingPipeline.max_passed_over`): whether the bound acts at a level at all."""
+
+    def __init__(self):
+        self.pipeline = None
+        self._start = (0, 0)
+
+    def _counts(self) -> tuple[int, int]:
+        return self.pipeline.calls, self.pipeline.calls_by_pass_over
+
+    def reset(self) -> None:
+        if self.pipeline is not None:
+            self._start = self._counts()
+
+    def take(self) -> dict:
+        if self.pipeline is None:
+            return {}
+        now = self._counts()
+        calls, by_bound = (b - a for a, b in zip(self._start, now))
+        self._start = now
+        return {"stage1_calls": calls, "stage1_calls_by_pass_over": by_bound}
+
+
+STAGE1 = StageOneCalls()
 
 
 def _round(v, nd):
@@ -370,6 +398,7 @@ async def run_level(engine, args, level: int, voice=None, index0: int = 0, reque
         return _one_request(engine, make_request(args, index0 + i, voice), t_level)
     GC_PAUSES.reset()
     STEPS.reset()
+    STAGE1.reset()
     return await run_arrivals(args, level, one, requests, engine_chunks=True)
 
 
@@ -692,6 +721,7 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
     startup_s = time.perf_counter() - t
     log.info("engine started in %.1f s", startup_s)
     STEPS.log = engine.talker.step_log
+    STAGE1.pipeline = engine.pipeline
     graphs = engine.talker_engine.model.code_predictor.graphs
     info = {"engine_startup_s": round(startup_s, 1), "predictor_graphs": graphs is not None,
             "predictor_compiled": bool(graphs is not None and graphs.compiled),
@@ -773,6 +803,7 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
             report({"name": "burst profile", "level": burst, **summary})
     finally:
         STEPS.log = None
+        STAGE1.pipeline = None
         engine.close()
     return rows
 
