@@ -46,7 +46,8 @@ def test_cached_prompt_parts_equal_freshly_built_ones(engine):
              PromptInputs(text="Good morning, everyone.", language="auto", speaker="eric"),      # dialect
              PromptInputs(text="I have news.", language="english", speaker="vivian", instruct="Speak slowly."),
              PromptInputs(text="Nobody's voice.", language="chinese"),
-             PromptInputs(text="Hi there.", language="english", speaker="ryan", non_streaming_mode=True)]
+             PromptInputs(text="Hi there.", language="english", speaker="ryan", non_streaming_mode=True),
+             PromptInputs(text="Hi there.", language="chinese", speaker="ryan")]       # same speaker, other language
     prompts = engine.prompts
     try:
         prompts.cache_constants = False
@@ -62,8 +63,10 @@ def test_cached_prompt_parts_equal_freshly_built_ones(engine):
             assert torch.equal(alone.prefill, built.prefill) and torch.equal(alone.trailing, built.trailing)
     hidden = prompts.text.linear_fc2.out_features
     v1, v2 = torch.randn(hidden, generator=torch.Generator().manual_seed(1)), torch.zeros(hidden)
-    one, two = (prompts.build(PromptInputs(text="Cloned.", language="english", speaker_vector=v)) for v in (v1, v2))
+    one, two = (prompts.build(PromptInputs(text="Cloned.", language="chinese", speaker_vector=v)) for v in (v1, v2))
     assert not torch.equal(one.prefill, two.prefill), "a speaker vector's prompt came from another voice's cache"
+    plain = prompts.build(PromptInputs(text="Cloned.", language="chinese"))     # (chinese, no speaker) is cached
+    assert one.prefill.shape[0] == plain.prefill.shape[0] + 1, "the speaker vector's row is missing"
 
 
 @pytest.mark.parametrize("request_kwargs, message", [

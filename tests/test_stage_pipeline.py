@@ -236,3 +236,76 @@ def test_a_steady_supply_of_first_chunks_cannot_hold_a_stream_back_forever(decod
     assert order[limit + 1] == ("old", 1), order
     assert (pipeline.calls, pipeline.calls_by_pass_over) == (2 + len(firsts), 1)
     assert sorted(order[limit + 2:]) == sorted((f"new-{i}", 0) for i in range(limit, len(firsts)))
+
+
+def _gated(pipeline, order: list, name: str, chunk: CodecChunk, release: threading.Event) -> None:
+    """Open a stream and put its chunk; its call holds Stage 1 until `release`, so what the test puts after this
+    returns is pending together when the next round chooses."""
+    inside = threading.Event()
+    pipeline.open(name, lambda rid, idx, *rest: order.append((rid, idx)),
+                  on_decode_start=lambda: (inside.set(), release.wait(30)))
+    pipeline.put(chunk)
+    assert inside.wait(30)
+
+
+def test_chunks_of_one_size_go_oldest_first_not_in_the_order_streams_opened(decoder):
+    pipeline = AsyncDecodingPipeline(decoder, torch.device("cpu"), batch_limit=lambda frames: 1)
+    order: list[tuple[str, int]] = []
+    release = threading.Event()
+    chunks = {rid: _stream(_codes(30 + i, 3), talker2code2wav_async_chunk, _connector(), rid)[0]
+              for i, rid in enumerate(("gate", "a", "b"))}
+    try:
+        _gated(pipeline, order, "gate", chunks["gate"], release)
+        for rid in ("a", "b"):
+            pipeline.open(rid, lambda rid, idx, *rest: order.append((rid, idx)))
+        pipeline.put(chunks["b"])          # b's chunk arrives first, though a was opened first
+        pipeline.put(chunks["a"])
+        release.set()
+        pipeline.barrier()
+    finally:
+        pipeline.close()
+    assert order == [("gate", 0), ("b", 0), ("a", 0)]
+
+
+def test_the_pass_over_bound_takes_every_other_call_at_most(decoder):
+    """Three streams hold 25-frame chunks, passed over equally often, while a new first chunk arrives at every
+    call: once they reach the bound, calls alternate between them and the first chunks, so no first chunk waits
+    for more than one of theirs (one 25-frame chunk a call here)."""
+    pipeline = AsyncDecodingPipeline(decoder, torch.device("cpu"), batch_limit=lambda frames: 3 if frames == 1 else 1)
+    order: list[tuple[str, int]] = []
+    release, supply_done = threading.Event(), threading.Event()
+    old_ids = ("old-a", "old-b", "old-c")
+    olds = {rid: _stream(_codes(40 + i), talker2code2wav_async_chunk, _connector(), rid)[:2]
+            for i, rid in enumerate(old_ids)}
+    firsts = [_stream(_codes(60 + i, 3), talker2code2wav_async_chunk, _connector(), f"new-{i}")[0] for i in range(14)]
+    gate = _stream(_codes(59, 3), talker2code2wav_async_chunk, _connector(), "gate")[0]
+
+    def arrive(i: int) -> None:
+        if i == len(firsts):
+            supply_done.set()
+            return
+        pipeline.open(f"new-{i}", lambda rid, idx, *rest: (order.append((rid, idx)), arrive(i + 1)))
+        pipeline.put(firsts[i])
+
+    def on_old(rid, idx, *rest):
+        order.append((rid, idx))
+        if (rid, idx) == ("old-c", 0):      # the three first chunks went in one call: the supply starts
+            arrive(0)
+
+    try:
+        _gated(pipeline, order, "gate", gate, release)
+        for rid in old_ids:
+            pipeline.open(rid, on_old)
+        for chunks in olds.values():
+            pipeline.put(chunks[0])
+        for chunks in olds.values():
+            pipeline.put(chunks[1])
+        release.set()
+        assert supply_done.wait(30)
+        pipeline.barrier()
+    finally:
+        pipeline.close()
+    new = [(f"new-{i}", 0) for i in range(len(firsts))]
+    assert order[:4] == [("gate", 0), ("old-a", 0), ("old-b", 0), ("old-c", 0)]
+    assert order[4:] == new[:8] + [("old-a", 1), new[8], ("old-b", 1), new[9], ("old-c", 1)] + new[10:], order
+    assert pipeline.calls_by_pass_over == 3

@@ -15,6 +15,8 @@ HIGH_PRIORITY = -1
 
 
 def high_priority_stream(device: torch.device | str) -> torch.cuda.Stream | None:
-    """A new stream of the higher priority on `device`; None off CUDA (callers then use the current stream)."""
+    """A stream of the higher priority on `device`; None off CUDA (callers then use the current stream).
+    PyTorch hands these out from a pool of 32 per device and priority, in turn: make each once and keep it,
+    or a later one may be one already in use (safe, but their work would then queue on one stream)."""
     device = torch.device(device)
     return torch.cuda.Stream(device, priority=HIGH_PRIORITY) if device.type == "cuda" else None

@@ -10,8 +10,9 @@ same length; each request's chunks are always decoded in order.
 On CUDA the decoder runs on its own stream, so its kernels overlap the talker's instead of queueing
 behind them on the default stream; a chunk's codes carry an event recorded where they were made.
 Steps replay CUDA graphs (`Code2WavDecoder.enable_cuda_graphs`) for every chunk size and remainder and
-batch buckets up to what a call may hold, and each round is one call on the smallest pending chunks, so
-a new request's first chunk waits for at most one call, not behind every stream's 25-frame chunks.
+batch buckets up to what a call may hold, and each round is one call on the smallest pending chunks (oldest
+first; a chunk passed over 8 times gets every other call), so a new request's first chunk waits for the call
+in progress and at most one more, not behind every stream's 25-frame chunks.
 
 Threads: commands (`open`, `put`, `abort`, `barrier`) come from any thread through one queue; only
 the `tts-stage1` thread touches `_streams` and the decoder; `on_output` callbacks run on it.
@@ -46,6 +47,7 @@ class _Stream:
     state: DecoderStreamState | None = None
     history: torch.Tensor | None = None          # context mode: frames available as left context
     pending: list[CodecChunk] = field(default_factory=list)
+    arrivals: list[int] = field(default_factory=list)   # the pending chunks' arrival numbers (oldest first)
     passed_over: int = 0     # calls that took smaller chunks ahead of this stream's oldest pending one
 
 
@@ -74,11 +76,16 @@ class AsyncDecodingPipeline:
         # each call ends with its read-back (the next call finds both streams idle) and waits for the main
         # stream first (priming decodes are queued there without a read-back).
         self.first_chunk_stream: torch.cuda.Stream | None = None
+        self._priority_stream: torch.cuda.Stream | None = None
         self.batch_limit = batch_limit or (lambda frames: max_batch_size)
-        self.drain_pending = False      # the old loop, for the bench (variant `stage1-drain-pending`)
+        # the old loop, for the bench (variant `stage1-drain-pending`; the pass-over bound below applies there too)
+        self.drain_pending = False
         # Smaller chunks go first (a new request's first chunk: time to first audio), but a chunk passed over
-        # this many times goes next, so a steady supply of small chunks cannot hold a stream's chunk forever.
+        # this many times goes next, every other call, so a steady supply of small chunks cannot hold a stream's
+        # chunk forever and a first chunk waits for at most one such call.
         self.max_passed_over = 8
+        self._last_by_pass_over = False
+        self._arrivals = 0
         self.calls = 0                  # decode calls made, and how many of them the bound above chose (the
         self.calls_by_pass_over = 0     # bench reports both per level; written by Stage 1's thread only)
         if self._stream is not None and mode == "exact" and graph_shapes:
@@ -161,6 +168,8 @@ class AsyncDecodingPipeline:
             stream = self._streams.get(request_id)
             if stream is not None:          # chunks of aborted requests are dropped
                 stream.pending.append(payload)
+                stream.arrivals.append(self._arrivals)
+                self._arrivals += 1
         elif kind == "abort":
             self._streams.pop(request_id, None)
         elif kind == "barrier":
@@ -179,30 +188,35 @@ class AsyncDecodingPipeline:
     def _decode_round(self) -> None:
         """Decode one call's worth: among the streams' oldest pending chunks, the group with the fewest
         new frames (a new request's first chunk first: time to first audio), up to `batch_limit` of them,
-        unless a chunk has been passed over for smaller ones `max_passed_over` times: then its group.
-        One call per round, so the loop takes new commands between calls and a first chunk that arrives
-        while big chunks are being decoded waits for one call, not for a whole round of them."""
-        groups: dict[int, list] = {}
+        the oldest chunks first. Every other call at most, a chunk passed over for smaller ones
+        `max_passed_over` times takes the call for its group instead (a steady supply of small chunks must
+        not hold it back forever). One call per round, so the loop takes new commands between calls and a first
+        chunk that arrives while big chunks are pending waits for the call in progress (and at most one
+        call that the bound chose), not for all of them."""
+        groups: dict[int, list[tuple[str, _Stream]]] = {}
         for rid, stream in self._streams.items():
             if stream.pending:
                 groups.setdefault(stream.pending[0].new_frames, []).append((rid, stream))
         if not groups:
             return
-        frames = min(groups)
-        longest_held = max((m for group in groups.values() for m in group), key=lambda m: m[1].passed_over)
-        if longest_held[1].passed_over >= self.max_passed_over:
-            frames = longest_held[1].pending[0].new_frames
-            if frames != min(groups):
-                self.calls_by_pass_over += 1
+        frames = smallest = min(groups)
+        held = max((stream for group in groups.values() for _, stream in group), key=lambda s: s.passed_over)
+        if held.passed_over >= self.max_passed_over and not self._last_by_pass_over:
+            frames = held.pending[0].new_frames
+        self._last_by_pass_over = frames != smallest
         self.calls += 1
-        members = sorted(groups[frames], key=lambda m: -m[1].passed_over)     # stable: arrival order otherwise
+        if self._last_by_pass_over:
+            self.calls_by_pass_over += 1
         for size, group in groups.items():
             if size > frames:
                 for _, stream in group:
                     stream.passed_over += 1
-        batch = [(rid, stream, stream.pending.pop(0)) for rid, stream in members[:self.batch_limit(frames)]]
-        for _, stream, _ in batch:
+        members = sorted(groups[frames], key=lambda m: (-m[1].passed_over, m[1].arrivals[0]))
+        batch = []
+        for rid, stream in members[:self.batch_limit(frames)]:
+            stream.arrivals.pop(0)
             stream.passed_over = 0
+            batch.append((rid, stream, stream.pending.pop(0)))
         self._decode_batch(batch, frames)
 
     def _decode_batch(self, batch: list, frames: int) -> None:
@@ -233,7 +247,9 @@ class AsyncDecodingPipeline:
         """Switch the first-chunk stream (see `first_chunk_stream`); GPU only, a no-op on the CPU."""
         if self._stream is None:
             return
-        self.first_chunk_stream = high_priority_stream(self.device) if on else None
+        if on and self._priority_stream is None:      # made once: the high-priority pool hands out 32 in turn
+            self._priority_stream = high_priority_stream(self.device)
+        self.first_chunk_stream = self._priority_stream if on else None
 
     def _decode(self, batch: list, frames: int) -> list[np.ndarray]:
         if frames == 0:

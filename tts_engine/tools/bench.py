@@ -659,7 +659,9 @@ def environment(device: str) -> dict:
 def worktree_id(repo: Path) -> str:
     """The git tree id of the files as they are (tracked ones, and untracked ones git does not ignore). A copy
     of the tree on another machine (the GPU's gets the files with a stale history, so its `commit` names the
-    wrong one) gives the same id, and `git log --format='%h %T' | grep ID` here finds the commit that ran."""
+    wrong one) gives the same id, and `git log --format='%h %T' | grep ID` here finds the commit that ran, as
+    long as the copy holds the same files with the same modes and no others that git would not ignore. Hashing
+    leaves the files' blobs in `.git` (loose objects, collected by `git gc`); the index is a temporary one."""
     with tempfile.TemporaryDirectory() as tmp:
         env = {**os.environ, "GIT_INDEX_FILE": os.path.join(tmp, "index")}
         subprocess.run(["git", "add", "-A"], cwd=repo, env=env, capture_output=True, check=True)
