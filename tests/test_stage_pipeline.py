@@ -200,33 +200,44 @@ def test_a_first_chunk_goes_before_chunks_already_pending(decoder):
     assert [idx for rid, idx in order if rid == "old"] == list(range(len(old)))
 
 
+class _FirstChunkSupply:
+    """New requests' first chunks, one arriving each time Stage 1 delivers the previous one (so one reaches
+    every call) until `count` have come; `done` is set then."""
+
+    def __init__(self, pipeline, order: list, count: int, seed: int):
+        self.pipeline, self.order, self.done = pipeline, order, threading.Event()
+        self.chunks = [_stream(_codes(seed + i, 3), talker2code2wav_async_chunk, _connector(), f"new-{i}")[0]
+                       for i in range(count)]
+
+    def arrive(self, i: int = 0) -> None:
+        if i == len(self.chunks):
+            self.done.set()
+            return
+        self.pipeline.open(f"new-{i}", lambda rid, idx, *rest: (self.order.append((rid, idx)), self.arrive(i + 1)))
+        self.pipeline.put(self.chunks[i])
+
+
 def test_a_steady_supply_of_first_chunks_cannot_hold_a_stream_back_forever(decoder):
     """Smaller chunks go first, but a chunk passed over `max_passed_over` times goes next: with a new request's
     first chunk arriving at every call, another stream's pending 25-frame chunk still gets its turn."""
     pipeline = AsyncDecodingPipeline(decoder, torch.device("cpu"))
     order: list[tuple[str, int]] = []
-    all_put, supply_done = threading.Event(), threading.Event()
+    all_put = threading.Event()
     old = _stream(_codes(9), talker2code2wav_async_chunk, _connector(), "old")
-    firsts = [_stream(_codes(20 + i, 3), talker2code2wav_async_chunk, _connector(), f"new-{i}")[0] for i in range(20)]
-
-    def arrive(i: int) -> None:
-        if i == len(firsts):
-            supply_done.set()
-            return
-        pipeline.open(f"new-{i}", lambda rid, idx, *rest: (order.append((rid, idx)), arrive(i + 1)))
-        pipeline.put(firsts[i])
+    supply = _FirstChunkSupply(pipeline, order, 20, seed=20)
+    firsts = supply.chunks
 
     def on_old(rid, idx, *rest):
         order.append((rid, idx))
         if idx == 0:
-            arrive(0)
+            supply.arrive()
 
     try:
         pipeline.open("old", on_old, on_decode_start=lambda: all_put.wait(30))
         for chunk in old[:2]:           # 1 frame, then 25 frames
             pipeline.put(chunk)
         all_put.set()
-        assert supply_done.wait(30)
+        assert supply.done.wait(30)
         pipeline.barrier()
     finally:
         pipeline.close()
@@ -273,24 +284,18 @@ def test_the_pass_over_bound_takes_every_other_call_at_most(decoder):
     for more than one of theirs (one 25-frame chunk a call here)."""
     pipeline = AsyncDecodingPipeline(decoder, torch.device("cpu"), batch_limit=lambda frames: 3 if frames == 1 else 1)
     order: list[tuple[str, int]] = []
-    release, supply_done = threading.Event(), threading.Event()
+    release = threading.Event()
     old_ids = ("old-a", "old-b", "old-c")
     olds = {rid: _stream(_codes(40 + i), talker2code2wav_async_chunk, _connector(), rid)[:2]
             for i, rid in enumerate(old_ids)}
-    firsts = [_stream(_codes(60 + i, 3), talker2code2wav_async_chunk, _connector(), f"new-{i}")[0] for i in range(14)]
+    supply = _FirstChunkSupply(pipeline, order, 14, seed=60)
+    firsts = supply.chunks
     gate = _stream(_codes(59, 3), talker2code2wav_async_chunk, _connector(), "gate")[0]
-
-    def arrive(i: int) -> None:
-        if i == len(firsts):
-            supply_done.set()
-            return
-        pipeline.open(f"new-{i}", lambda rid, idx, *rest: (order.append((rid, idx)), arrive(i + 1)))
-        pipeline.put(firsts[i])
 
     def on_old(rid, idx, *rest):
         order.append((rid, idx))
         if (rid, idx) == ("old-c", 0):      # the three first chunks went in one call: the supply starts
-            arrive(0)
+            supply.arrive()
 
     try:
         _gated(pipeline, order, "gate", gate, release)
@@ -301,7 +306,7 @@ def test_the_pass_over_bound_takes_every_other_call_at_most(decoder):
         for chunks in olds.values():
             pipeline.put(chunks[1])
         release.set()
-        assert supply_done.wait(30)
+        assert supply.done.wait(30)
         pipeline.barrier()
     finally:
         pipeline.close()
