@@ -141,7 +141,7 @@ class AsyncDecodingPipeline:
         inbox between calls is what lets a first chunk that arrives while many 25-frame chunks are pending
         go next, instead of after all of them (closed 64 streams: a first chunk waited ~120 ms p95)."""
         while not self._stop.is_set():
-            if not any(s.pending for s in self._streams.values()):
+            if not self._any_pending():
                 self._take(self._inbox.get())
             while True:
                 try:
@@ -149,8 +149,11 @@ class AsyncDecodingPipeline:
                 except queue.Empty:
                     break
             self._decode_round()
-            while self.drain_pending and any(s.pending for s in self._streams.values()):
+            while self.drain_pending and self._any_pending():
                 self._decode_round()
+
+    def _any_pending(self) -> bool:
+        return any(s.pending for s in self._streams.values())
 
     def _take(self, message) -> None:
         kind, request_id, payload = message
@@ -173,7 +176,7 @@ class AsyncDecodingPipeline:
         elif kind == "abort":
             self._streams.pop(request_id, None)
         elif kind == "barrier":
-            while any(s.pending for s in self._streams.values()):
+            while self._any_pending():
                 self._decode_round()
             payload.set()
 
