@@ -12,8 +12,10 @@ the check means something on a GPU (run it there by hand after scripts/gpu_setup
 
     python3 scripts/gpu_async_check.py [--shape tiny|0.6b|1.7b] [--requests 12] [--root /tmp/ckpt_eos]
 
-`--handover-only` checks instead that frames handed to Stage 1 right after the code predictor (the candidate
-`TalkerStage.early_handover`) stream bit for bit what handing them over after the whole talker step does (`handover_check`).
+`--switch handover` (or `--handover-only`) checks instead that frames handed to Stage 1 right after the code predictor
+(`TalkerStage.early_handover`) stream bit for bit what handing them over after the whole talker step does;
+`--switch prompt` that prompts put together from host pieces stream what prompts read back from the GPU do
+(`switch_check`).
 """
 
 from __future__ import annotations
@@ -137,25 +139,41 @@ def run(folder: Path, async_scheduling: bool, requests: int, on_gpu: bool) -> tu
         engine.close()
 
 
-def handover_check(folder: Path, requests: int, on_gpu: bool) -> int:
-    """Frames handed to Stage 1 as soon as the code predictor made them (`TalkerStage.early_handover`, the
-    default) must stream what handing them over after the whole step does, bit for bit, and overlapping
-    requests must stream their reported tokens. A missing wait shows as stale codes. One engine."""
+def switch_check(folder: Path, requests: int, on_gpu: bool, name: str, switch) -> int:
+    """With `switch(engine, False)` and then `switch(engine, True)`, the same requests must stream the same codes and
+    audio bit for bit, and overlapping requests (switch on) must stream their reported tokens. One engine.
+    `handover`: frames handed to Stage 1 as soon as the code predictor made them (`TalkerStage.early_handover`, the
+    default) vs after the whole step; a missing wait shows as stale codes. `prompt`: prompts put together from host
+    pieces (`PromptBuilder.cache_prefills`, the default; the steps wait for the trailing text's kernels on the GPU)
+    vs built on the GPU and read back; a missing wait shows as other codes from the first step on."""
     engine = start_engine(folder, True, on_gpu)
     try:
-        engine.talker.early_handover = False
-        late = one_by_one(engine, requests)
-        engine.talker.early_handover = True
-        early = one_by_one(engine, requests)
+        switch(engine, False)
+        off = one_by_one(engine, requests)
+        switch(engine, True)
+        on = one_by_one(engine, requests)
         problems = overlapping_requests(engine, {"speaker": engine.config.supported_speakers[0]}, requests)
     finally:
         engine.close()
     bad = sum(not (c1.shape == c2.shape and np.array_equal(c1, c2) and np.array_equal(a1, a2))
-              for (c1, a1), (c2, a2) in zip(late, early))
-    print(f"handover: {requests - bad}/{requests} requests identical early vs late "
-          f"({sum(c.shape[0] for c, _ in early)} frames); overlapping requests, early: "
+              for (c1, a1), (c2, a2) in zip(off, on))
+    print(f"{name}: {requests - bad}/{requests} requests identical on vs off "
+          f"({sum(c.shape[0] for c, _ in on)} frames); overlapping requests, on: "
           + ("every stream's codebook 0 = its reported tokens but the last" if not problems else "; ".join(problems)))
     return 1 if bad or problems else 0
+
+
+def _early_handover(engine: TTSEngine, on: bool) -> None:
+    engine.talker.early_handover = on
+
+
+def _host_prompts(engine: TTSEngine, on: bool) -> None:
+    engine.prompts.cache_prefills = on
+    engine.prompts.leads.clear()            # the first request of the run computes its pieces, the others find them
+    engine.prompts.first_rows.clear()
+
+
+SWITCHES = {"handover": _early_handover, "prompt": _host_prompts}
 
 
 def main() -> int:
@@ -164,11 +182,13 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=12)
     ap.add_argument("--root", default="/tmp/ckpt_eos")
     ap.add_argument("--handover-only", action="store_true", help="only the early vs late hand-over check")
+    ap.add_argument("--switch", choices=sorted(SWITCHES), help="only this switch's on vs off check")
     args = ap.parse_args()
     on_gpu = torch.cuda.is_available()
     folder = eos_prone_checkpoint(Path(args.root), args.shape)
-    if args.handover_only:
-        return handover_check(folder, args.requests, on_gpu)
+    switch = "handover" if args.handover_only else args.switch
+    if switch:
+        return switch_check(folder, args.requests, on_gpu, switch, SWITCHES[switch])
     t = time.perf_counter()
     sync_mode, sync, sync_problems = run(folder, False, args.requests, on_gpu)
     async_mode, lagged, async_problems = run(folder, True, args.requests, on_gpu)

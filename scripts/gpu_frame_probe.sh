@@ -5,8 +5,8 @@
 # and closed 64 (underruns by chunk index; Stage 0's step times, split by whether a request joined), the
 # breakdown and the kernel profile (idle time by gap length); each level's first-chunk path (queue, prompt,
 # admit, first frame, decode, delivery).
-# 0. HANDOVER_CHECK=1 first: early vs late hand-over of frames to Stage 1, bit for bit (gpu_async_check.py, tiny
-# shapes, its own engine).
+# 0. CHECKS=handover,prompt first (HANDOVER_CHECK=1: handover): a switch on vs off, bit for bit (gpu_async_check.py
+# --switch, tiny shapes, an engine each): early vs late hand-over of frames to Stage 1; prompts from host pieces vs read back.
 # Knobs: MICRO / LOAD (1: run that part; each fits one 10-minute call), DECODER (1: the microbench times the
 # decoder's graphs too, with and without SnakeBeta's cached scales), BATCHES (1,16,64), PREDICTOR_VARIANTS
 # (all), T_MICRO (300), and gpu_load_bench.sh's (defaults here: CONCURRENCY 20,1, CLOSED 64).
@@ -14,8 +14,12 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh
 OUT=${OUT:-/tmp/bench_out}; mkdir -p "$OUT"
-[ "${HANDOVER_CHECK:-0}" = 1 ] && { timeout 200 python3 scripts/gpu_async_check.py --handover-only --requests 8 \
-  > $OUT/handover_check.log 2>&1; echo "== handover check rc=$?"; grep -E '^handover|Error|Traceback' $OUT/handover_check.log; }
+[ "${HANDOVER_CHECK:-0}" = 1 ] && CHECKS=${CHECKS:+$CHECKS,}handover
+CHECKS=${CHECKS:-}
+for check in ${CHECKS//,/ }; do
+  timeout 200 python3 scripts/gpu_async_check.py --switch $check --requests 8 > $OUT/${check}_check.log 2>&1
+  echo "== $check check rc=$?"; grep -E "^$check|Error|Traceback" $OUT/${check}_check.log
+done
 [ "${MICRO:-1}" = 1 ] && { timeout ${T_MICRO:-300} python3 scripts/gpu_microbench.py --shapes 1.7b --batches ${BATCHES:-1,16,64} $([ "${DECODER:-0}" = 1 ] || echo --skip-decoder) \
   ${PREDICTOR_VARIANTS:+--predictor-variants $PREDICTOR_VARIANTS} --out $OUT/predictor_micro.json \
   > $OUT/predictor_micro.log 2>&1
@@ -29,5 +33,6 @@ import json; d = json.load(open('$OUT/load_full${ENGINE_VARIANT:+_$ENGINE_VARIAN
 for r in d['results']:
     keys = ('name', 'level', 'mode', 'variant', 'underruns_by_chunk', 'steps', 'step_ms_p50', 'step_ms_p95',
             'step_ms_p95_joined', 'step_ms_p95_not_joined', 'steps_joined_pct', 'first_chunk_path_ms', 'cudagraph_mode',
-            'idle_ms_per_frame_by_gap', 'stage1_calls', 'stage1_calls_by_pass_over')
+            'idle_ms_per_frame_by_gap', 'stage1_calls', 'stage1_calls_by_pass_over',
+            'prompt_rows_cached', 'prompt_rows_computed')
     print({k: r[k] for k in keys if r.get(k) is not None})"

@@ -282,17 +282,24 @@ def test_the_worktree_id_names_the_commit_whose_files_ran(tmp_path):
     assert changed == git("rev-parse", "HEAD^{tree}")
 
 
-def test_stage1_calls_are_counted_per_level():
-    """A level's row carries Stage 1's calls made during it and how many the pass-over bound chose."""
+def test_engine_counters_are_counted_per_level():
+    """A level's row carries Stage 1's calls made during it and how many the pass-over bound chose, and the prompt
+    pieces found on the host or computed."""
     from types import SimpleNamespace
 
-    from tts_engine.tools.bench import StageOneCalls
+    from tts_engine.tools.bench import LevelCounters, engine_counters
 
-    counter = StageOneCalls()
+    engine = SimpleNamespace(pipeline=SimpleNamespace(calls=10, calls_by_pass_over=1),
+                             prompts=SimpleNamespace(first_rows=SimpleNamespace(hits=4, misses=2),
+                                                     leads=SimpleNamespace(hits=5, misses=1)))
+    counter = LevelCounters()
     assert counter.take() == {}                      # no engine in process: nothing to say
-    counter.pipeline = SimpleNamespace(calls=10, calls_by_pass_over=1)
+    counter.read = lambda: engine_counters(engine)
     counter.reset()                                  # a level starts
-    counter.pipeline.calls, counter.pipeline.calls_by_pass_over = 25, 3
-    assert counter.take() == {"stage1_calls": 15, "stage1_calls_by_pass_over": 2}
-    counter.pipeline.calls = 30
-    assert counter.take() == {"stage1_calls": 5, "stage1_calls_by_pass_over": 0}
+    engine.pipeline.calls, engine.pipeline.calls_by_pass_over = 25, 3
+    engine.prompts.first_rows.hits, engine.prompts.leads.misses = 10, 2
+    assert counter.take() == {"stage1_calls": 15, "stage1_calls_by_pass_over": 2,
+                              "prompt_rows_cached": 6, "prompt_rows_computed": 1}
+    engine.pipeline.calls = 30
+    assert counter.take() == {"stage1_calls": 5, "stage1_calls_by_pass_over": 0,
+                              "prompt_rows_cached": 0, "prompt_rows_computed": 0}

@@ -50,23 +50,49 @@ def test_cached_prompt_parts_equal_freshly_built_ones(engine):
              PromptInputs(text="Hi there.", language="chinese", speaker="ryan")]       # same speaker, other language
     prompts = engine.prompts
     try:
-        prompts.cache_constants = False
+        prompts.cache_constants = prompts.cache_prefills = False
         prompts._constants.clear()
+        prompts.leads.clear()
+        prompts.first_rows.clear()
         fresh = [prompts.build(c) for c in cases]
         prompts.cache_constants = True
-        cached = [[prompts.build(c) for c in cases] for _ in range(2)]     # the first fills the cache
+        constants_only = [prompts.build(c) for c in cases]
+        prompts.cache_prefills = True
+        computed = prompts.first_rows.misses
+        cached = [[prompts.build(c) for c in cases] for _ in range(2)]     # the first fills the caches
     finally:
-        prompts.cache_constants = True
+        prompts.cache_constants = prompts.cache_prefills = True
     assert ("codec track", engine.config.talker.languages["english"], "ryan") in prompts._constants
-    for run in cached:
+    # the streaming prompts (all but non_streaming_mode) were put together from host pieces: their first text
+    # rows ("Hi", "Good", "I", "Nobody") computed once, found the second time
+    assert len(prompts.first_rows) == 4 and prompts.first_rows.misses - computed == 4
+    assert len(prompts.leads) == 5            # (instruct, language, speaker): ryan in two languages
+    for run in [constants_only, *cached]:
         for alone, built in zip(fresh, run):
             assert torch.equal(alone.prefill, built.prefill) and torch.equal(alone.trailing, built.trailing)
+            assert torch.equal(alone.tts_pad, built.tts_pad)
     hidden = prompts.text.linear_fc2.out_features
     v1, v2 = torch.randn(hidden, generator=torch.Generator().manual_seed(1)), torch.zeros(hidden)
     one, two = (prompts.build(PromptInputs(text="Cloned.", language="chinese", speaker_vector=v)) for v in (v1, v2))
     assert not torch.equal(one.prefill, two.prefill), "a speaker vector's prompt came from another voice's cache"
     plain = prompts.build(PromptInputs(text="Cloned.", language="chinese"))     # (chinese, no speaker) is cached
     assert one.prefill.shape[0] == plain.prefill.shape[0] + 1, "the speaker vector's row is missing"
+
+
+def test_host_rows_keep_the_most_recently_used_up_to_their_capacity():
+    import torch
+
+    from tts_engine.models.qwen3_tts.prompt import HostRows
+    rows, computed = HostRows(2), []
+
+    def make(value):
+        return lambda: computed.append(value) or torch.full((1, 3), float(value))
+
+    assert rows.get(("a",), make(1))[0, 0] == 1 and rows.get(("b",), make(2))[0, 0] == 2
+    assert rows.get(("a",), make(9))[0, 0] == 1          # found: not computed again, and now the most recent
+    rows.get(("c",), make(3))                             # over capacity: "b", the least recently used, goes
+    assert rows.get(("a",), make(9))[0, 0] == 1 and rows.get(("b",), make(4))[0, 0] == 4
+    assert computed == [1, 2, 3, 4] and len(rows) == 2 and (rows.hits, rows.misses) == (2, 4)
 
 
 @pytest.mark.parametrize("request_kwargs, message", [

@@ -211,6 +211,8 @@ class TalkerStage:
                 return
             if state.prompt.trailing.is_cuda:   # built on the prompt builder's stream, read by this thread's steps
                 steps = torch.cuda.current_stream(state.prompt.trailing.device)
+                if state.prompt.ready is not None:   # the builder did not wait for its kernels: the steps do
+                    steps.wait_event(state.prompt.ready)
                 state.prompt.trailing.record_stream(steps)
                 state.prompt.tts_pad.record_stream(steps)
             state.slot = self._take_slot()

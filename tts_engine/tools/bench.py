@@ -182,7 +182,7 @@ def summarize(name: str, level: int, mode: str, results: list[RequestResult], wa
     if GC_PAUSES.installed:
         out.update(GC_PAUSES.take())
     out.update(STEPS.take())
-    out.update(STAGE1.take())
+    out.update(COUNTERS.take())
     out.update(extra or {})
     return out
 
@@ -271,31 +271,36 @@ def summarize_steps(records: list) -> dict:
 STEPS = StageZeroSteps()
 
 
-class StageOneCalls:
-    """Stage 1's decode calls per level, and how many of them its pass-over bound chose
-    (`AsyncDecodingPipeline.max_passed_over`): whether the bound acts at a level at all."""
+class LevelCounters:
+    """Engine counters per level: what `read` returns at the level's end minus what it returned at its start.
+    Stage 1's decode calls and how many of them its pass-over bound chose (`AsyncDecodingPipeline.max_passed_over`:
+    whether the bound acts at a level at all); the prompt builder's host pieces found and computed (a computed one
+    waited for the GPU: `PromptBuilder.first_rows`, `leads`)."""
 
     def __init__(self):
-        self.pipeline = None
-        self._start = (0, 0)
-
-    def _counts(self) -> tuple[int, int]:
-        return self.pipeline.calls, self.pipeline.calls_by_pass_over
+        self.read: Callable[[], dict[str, int]] | None = None
+        self._start: dict[str, int] = {}
 
     def reset(self) -> None:
-        if self.pipeline is not None:
-            self._start = self._counts()
+        if self.read is not None:
+            self._start = self.read()
 
     def take(self) -> dict:
-        if self.pipeline is None:
+        if self.read is None:
             return {}
-        now = self._counts()
-        calls, by_bound = (b - a for a, b in zip(self._start, now))
-        self._start = now
-        return {"stage1_calls": calls, "stage1_calls_by_pass_over": by_bound}
+        now = self.read()
+        self._start, start = now, self._start
+        return {key: value - start.get(key, 0) for key, value in now.items()}
 
 
-STAGE1 = StageOneCalls()
+def engine_counters(engine) -> dict[str, int]:
+    prompts, pipeline = engine.prompts, engine.pipeline
+    return {"stage1_calls": pipeline.calls, "stage1_calls_by_pass_over": pipeline.calls_by_pass_over,
+            "prompt_rows_cached": prompts.first_rows.hits,
+            "prompt_rows_computed": prompts.first_rows.misses + prompts.leads.misses}
+
+
+COUNTERS = LevelCounters()
 
 
 def _round(v, nd):
@@ -398,7 +403,7 @@ async def run_level(engine, args, level: int, voice=None, index0: int = 0, reque
         return _one_request(engine, make_request(args, index0 + i, voice), t_level)
     GC_PAUSES.reset()
     STEPS.reset()
-    STAGE1.reset()
+    COUNTERS.reset()
     return await run_arrivals(args, level, one, requests, engine_chunks=True)
 
 
@@ -455,6 +460,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "prompt-default-stream": {"prompt_stream": False},                 # prompts built on the steps' stream
     "gc-unfrozen": {"gc_frozen": False},                               # no gc.freeze() after the warm-up
     "prompt-uncached": {"prompt_cache": False},                        # every prompt embeds its constant parts
+    # prompts built on the GPU and read back (the constant parts still cached), not put together from host pieces
+    "prompt-readback": {"prompt_host_pieces": False},
     "first-chunk-once": {"initial_chunk_repeats": 1},                  # 1, 2, 4, ...: chunk 2 takes twice the steps
     # a candidate (switched on): shorter Stage 1 calls (4 x 25 frames, not 16 x 25)
     "decoder-calls-100-frames": {"decoder_batch_frames": 100},
@@ -538,9 +545,12 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
                 prompts._own_stream, prompts.stream = prompts.stream, None
             elif prompts.stream is None:
                 prompts.stream = getattr(prompts, "_own_stream", None)
-        elif key == "prompt_cache":
+        elif key == "prompt_cache":       # every cache of the prompt builder
             previous[key] = engine.prompts.cache_constants
-            engine.prompts.cache_constants = value
+            engine.prompts.cache_constants = engine.prompts.cache_prefills = value
+        elif key == "prompt_host_pieces":
+            previous[key] = engine.prompts.cache_prefills
+            engine.prompts.cache_prefills = value
         elif key == "gc_frozen":
             previous[key] = gc.get_freeze_count() > 0
             if value:
@@ -723,7 +733,7 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
     startup_s = time.perf_counter() - t
     log.info("engine started in %.1f s", startup_s)
     STEPS.log = engine.talker.step_log
-    STAGE1.pipeline = engine.pipeline
+    COUNTERS.read = lambda: engine_counters(engine)
     graphs = engine.talker_engine.model.code_predictor.graphs
     info = {"engine_startup_s": round(startup_s, 1), "predictor_graphs": graphs is not None,
             "predictor_compiled": bool(graphs is not None and graphs.compiled),
@@ -805,7 +815,7 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
             report({"name": "burst profile", "level": burst, **summary})
     finally:
         STEPS.log = None
-        STAGE1.pipeline = None
+        COUNTERS.read = None
         engine.close()
     return rows
 
