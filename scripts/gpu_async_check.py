@@ -116,14 +116,17 @@ def start_engine(folder: Path, async_scheduling: bool, on_gpu: bool) -> TTSEngin
                                      async_scheduling=async_scheduling, **overrides)
 
 
-def one_by_one(engine: TTSEngine, requests: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Each request's codec frames and audio, the requests run one at a time."""
+def one_by_one(engine: TTSEngine, requests: int, non_streaming_mode: bool | None = None
+               ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each request's codec frames and audio, the requests run one at a time (`non_streaming_mode`: None, the
+    mode's default; False feeds the text a step at a time, the prompts `PromptBuilder` puts together on the host)."""
     speaker = engine.config.supported_speakers[0]
     results = []
     for i in range(requests):
         greedy = i % 3 == 2
-        request = SpeechRequest(text=f"Request number {i} checks the stream.", speaker=speaker, seed=1000 + i,
-                                do_sample=not greedy, max_new_tokens=24 + 7 * i)
+        text = f"Request number {i} checks the stream." if i % 2 else f"Stream {i} starts with another word."
+        request = SpeechRequest(text=text, speaker=speaker, seed=1000 + i, do_sample=not greedy,
+                                max_new_tokens=24 + 7 * i, non_streaming_mode=non_streaming_mode)
         out = engine.synthesize(request)
         results.append((out.codes, out.audio))
     return results
@@ -148,10 +151,11 @@ def switch_check(folder: Path, requests: int, on_gpu: bool, name: str, switch) -
     vs built on the GPU and read back; a missing wait shows as other codes from the first step on."""
     engine = start_engine(folder, True, on_gpu)
     try:
+        streaming_text = False if name == "prompt" else None    # the prompts the switch concerns
         switch(engine, False)
-        off = one_by_one(engine, requests)
+        off = one_by_one(engine, requests, streaming_text)
         switch(engine, True)
-        on = one_by_one(engine, requests)
+        on = one_by_one(engine, requests, streaming_text)
         problems = overlapping_requests(engine, {"speaker": engine.config.supported_speakers[0]}, requests)
     finally:
         engine.close()

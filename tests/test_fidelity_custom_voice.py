@@ -75,6 +75,13 @@ def test_cached_prompt_parts_equal_freshly_built_ones(engine):
     v1, v2 = torch.randn(hidden, generator=torch.Generator().manual_seed(1)), torch.zeros(hidden)
     one, two = (prompts.build(PromptInputs(text="Cloned.", language="chinese", speaker_vector=v)) for v in (v1, v2))
     assert not torch.equal(one.prefill, two.prefill), "a speaker vector's prompt came from another voice's cache"
+    again = prompts.build(PromptInputs(text="Cloned.", language="chinese", speaker_vector=v1.clone()))
+    try:                     # a cloned voice's pieces are found again by its vector, and equal a fresh build
+        prompts.cache_prefills = False
+        fresh_one = prompts.build(PromptInputs(text="Cloned.", language="chinese", speaker_vector=v1))
+    finally:
+        prompts.cache_prefills = True
+    assert torch.equal(again.prefill, one.prefill) and torch.equal(fresh_one.prefill, one.prefill)
     plain = prompts.build(PromptInputs(text="Cloned.", language="chinese"))     # (chinese, no speaker) is cached
     assert one.prefill.shape[0] == plain.prefill.shape[0] + 1, "the speaker vector's row is missing"
 

@@ -120,6 +120,16 @@ def instruct_text(text: str) -> str:
     return f"<|im_start|>user\n{text}<|im_end|>\n"
 
 
+def _fingerprint(vector: torch.Tensor | None) -> bytes | None:
+    """A speaker vector's bytes, the key of its prompt pieces (b"" for no vector); None for a vector on a device,
+    whose bytes would cost a wait for the GPU (the cloner and the voice library keep them on the host)."""
+    if vector is None:
+        return b""
+    if vector.device.type != "cpu":
+        return None
+    return str(vector.dtype).encode() + vector.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
 class PromptBuilder:
     def __init__(self, config: Qwen3TTSConfig, tokenizer: Callable[[str], list[int]], text: TextEmbedder,
                  codec_embed: Callable[[torch.Tensor], torch.Tensor],
@@ -207,11 +217,13 @@ class PromptBuilder:
 
         lang = self.language_id(p.language, p.speaker)
         vector = None if p.speaker else p.speaker_vector       # a preset speaker wins, as in the reference
-        if self.cache_prefills and p.ref_codes is None and not p.non_streaming_mode and vector is None:
-            # The streaming prompt of a preset speaker (or none): its lead and first text row come from the host
-            # cache, built the uncached way on a miss; only the trailing text is new GPU work.
-            lead = self.leads.get((p.instruct, lang, p.speaker, tuple(ids[:3])),
-                                  lambda: torch.cat(self._lead(p, ids, lang, None, tts_pad, tts_bos)[0]))
+        voice = _fingerprint(vector)
+        if self.cache_prefills and p.ref_codes is None and not p.non_streaming_mode and voice is not None:
+            # The streaming prompt of a preset speaker, a speaker vector (a cloned voice without its reference
+            # codes) or none: its lead and first text row come from the host cache, built the uncached way on a
+            # miss; only the trailing text is new GPU work.
+            lead = self.leads.get((p.instruct, lang, p.speaker, voice, tuple(ids[:3])),
+                                  lambda: torch.cat(self._lead(p, ids, lang, vector, tts_pad, tts_bos)[0]))
             # keyed by the token alone: the codec BOS row is the same for every language and speaker
             first = self.first_rows.get((ids[3],), lambda: T(self._ids(ids[3:4])) + self._codec_track(
                 lang, p.speaker, None, tts_pad, tts_bos)[1])
