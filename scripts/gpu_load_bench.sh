@@ -6,7 +6,8 @@
 # CLOSED (1,16,64,128), FRAMES (50), CONCURRENCY (16,1,16,20: Poisson req/s, the first one cold), ENGINE_VARIANT
 # (e.g. sync-scheduling: an engine started with that optimization off; its files get the name as suffix),
 # KERNEL_PROFILE (3: one-stream requests under torch.profiler at the end, 0: none), DEMO_TYPE (custom_voice; base: a
-# cloned voice, its speaker vector only, the text fed a step at a time). Needs /tmp/site
+# cloned voice, its speaker vector only, the text fed a step at a time; VOICE_VECTOR_SEED: a random vector, no librosa
+# needed). Needs /tmp/site
 # (scripts/gpu_setup.sh). Results in $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +16,7 @@ OUT=${OUT:-/tmp/bench_out}; mkdir -p "$OUT"
 CK=/tmp/ckpt; mkdir -p $CK
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 demo_checkpoint 1.7b > /dev/null || exit 1
-B="python3 -m tts_engine.tools.bench --demo 1.7b --demo-type ${DEMO_TYPE:-custom_voice} --demo-dir $CK --frames ${FRAMES:-50} --gpu-memory-utilization ${GPU_UTIL:-0.3}"
+B="python3 -m tts_engine.tools.bench --demo 1.7b --demo-type ${DEMO_TYPE:-custom_voice} ${VOICE_VECTOR_SEED:+--voice-vector-seed $VOICE_VECTOR_SEED} --demo-dir $CK --frames ${FRAMES:-50} --gpu-memory-utilization ${GPU_UTIL:-0.3}"
 EV=${ENGINE_VARIANT:-}; [ -n "$EV" ] && B="$B --engine-variant $EV"
 SUF=${EV:+_$EV}
 # VARIANTS: each switches one optimization off in the running engine, at VARIANT_LEVELS and the closed levels

@@ -745,7 +745,14 @@ async def bench_engine(args, folder: Path, report: Callable[[dict], None]) -> li
     if args.engine_variant:
         info["engine_variant"] = args.engine_variant
     voice = None
-    if engine.config.model_type == "base":
+    if engine.config.model_type == "base" and args.voice_vector_seed is not None:
+        import torch
+
+        from tts_engine import VoicePrompt
+        hidden = engine.config.talker.shape.hidden_size
+        vector = torch.randn(hidden, generator=torch.Generator().manual_seed(args.voice_vector_seed))
+        voice = VoicePrompt(speaker_vector=vector, x_vector_only=True)
+    elif engine.config.model_type == "base":
         clip = Path(args.ref_audio) if args.ref_audio else REPO / "assets" / "reference_en.wav"
         voice = engine.create_voice_prompt(str(clip), x_vector_only=True)
     if engine.config.model_type == "custom_voice" and not args.speaker:
@@ -1359,6 +1366,9 @@ def parse_args(argv=None):
     load.add_argument("--speaker")
     load.add_argument("--instruct")
     load.add_argument("--ref-audio", help="Base models: reference clip (default assets/reference_en.wav)")
+    load.add_argument("--voice-vector-seed", type=int,
+                      help="Base models: a random speaker vector of this seed as the voice instead of cloning the clip "
+                           "(what serving sees of a clone; for machines without the cloner's librosa)")
     load.add_argument("--seed", type=int, default=None)
     load.add_argument("--prebuffer-ms", type=float, default=0.0, help="player pre-buffer before playback starts")
     load.add_argument("--no-trim", action="store_true",
