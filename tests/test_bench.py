@@ -244,17 +244,18 @@ def test_stream_candidates_switch_on_and_back():
     from tts_engine.tools.bench import VARIANTS, apply_variant
 
     switched = []
-    pipeline = SimpleNamespace(first_chunk_stream=None, drain_pending=False)
+    pipeline = SimpleNamespace(first_chunk_stream=None, drain_pending=False, use_state_table=True)
     pipeline.first_chunk_priority = lambda on: (switched.append(on),
                                                 setattr(pipeline, "first_chunk_stream", "stream" if on else None))
     engine = SimpleNamespace(talker=SimpleNamespace(early_handover=True), pipeline=pipeline,
                              talker_engine=SimpleNamespace(model=SimpleNamespace(code_predictor=None)))
     previous = apply_variant(engine, {**VARIANTS["late-handover"], **VARIANTS["stage1-first-chunk-priority"],
-                                      **VARIANTS["stage1-drain-pending"]})
+                                      **VARIANTS["stage1-drain-pending"], **VARIANTS["stage1-per-stream-states"]})
     assert engine.talker.early_handover is False and pipeline.first_chunk_stream == "stream" and pipeline.drain_pending
+    assert pipeline.use_state_table is False
     apply_variant(engine, previous)
     assert engine.talker.early_handover is True and pipeline.first_chunk_stream is None and switched == [True, False]
-    assert pipeline.drain_pending is False
+    assert pipeline.drain_pending is False and pipeline.use_state_table is True
 
 
 def test_the_worktree_id_names_the_commit_whose_files_ran(tmp_path):

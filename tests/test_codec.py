@@ -192,6 +192,41 @@ def test_batched_streams_at_different_positions(decoder):
     assert max_diff(torch.cat(out_b), decoder.decode_full(b)) <= TOL
 
 
+def test_state_table_decodes_what_per_stream_states_decode(decoder):
+    """Streams whose states are rows of a DecoderStateTable decode bit for bit what streams with states of their own
+    decode, whatever the batch's composition and order; the table grows when full and keeps every stream's row;
+    a stream that stops gives its row back and a new stream there starts fresh; a failed call writes nothing."""
+    from tts_engine.models.qwen3_tts.codec_decoder import DecoderStateTable
+    codes = [random_codes(40, seed=20 + i) for i in range(4)]
+    table = DecoderStateTable(decoder, capacity=2)
+    own = [decoder.new_stream_state() for _ in codes]
+    slots = [table.open(), table.open()]
+    done = {0: 0, 1: 0, 2: 0, 3: 0}                    # frames decoded per stream
+
+    def call(members: list[int], n: int) -> None:
+        batch = torch.stack([codes[i][done[i]:done[i] + n] for i in members])
+        from_table = decoder.decode_rows(table, torch.tensor([slots[i] for i in members]), batch)
+        from_own = decoder.decode_step([own[i] for i in members], batch)
+        assert torch.equal(from_table, from_own)
+        for i in members:
+            done[i] += n
+
+    call([0, 1], 3)
+    slots += [table.open(), table.open()]              # a full table doubles; rows 0 and 1 are kept
+    assert table.capacity == 4
+    call([2, 0, 3], 5)
+    call([1, 3], 1)
+    call([3, 2, 1, 0], 4)
+    with pytest.raises(ValueError):                    # a bad call leaves every row as it was
+        decoder.decode_rows(table, torch.tensor([slots[0]]), torch.zeros(1, 2, 8, dtype=torch.long))
+    call([0], 2)
+    assert table.positions[torch.tensor(slots)].tolist() == [done[i] for i in range(4)]
+    table.close(slots[1])                              # stream 1 stops; a new stream takes its row
+    slots[1], own[1], done[1] = table.open(), decoder.new_stream_state(), 0
+    assert table.capacity == 4 and table.positions[slots[1]].item() == 0
+    call([1, 2], 6)
+
+
 def test_decode_step_rejects_bad_shapes(decoder):
     state = decoder.new_stream_state()
     with pytest.raises(ValueError, match="16"):

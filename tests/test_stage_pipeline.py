@@ -88,8 +88,15 @@ def test_batch_processor_sends_everything_once():
     assert len(chunks) == 1 and torch.equal(chunks[0].codes, codes) and chunks[0].finished
 
 
-def _run_pipeline(decoder, mode, streams: dict[str, list[CodecChunk]]) -> dict[str, list[np.ndarray]]:
+def _all_rows_free(pipeline) -> bool:
+    table = pipeline.table
+    return table is None or sorted(table._free) == list(range(table.capacity))
+
+
+def _run_pipeline(decoder, mode, streams: dict[str, list[CodecChunk]], state_table: bool = True,
+                  check=None) -> dict[str, list[np.ndarray]]:
     pipeline = AsyncDecodingPipeline(decoder, torch.device("cpu"), mode=mode)
+    pipeline.use_state_table = state_table
     outputs: queue.Queue = queue.Queue()
     try:
         for rid in streams:
@@ -100,6 +107,9 @@ def _run_pipeline(decoder, mode, streams: dict[str, list[CodecChunk]]) -> dict[s
                     pipeline.put(dataclasses.replace(chunks[i]))
         pipeline.barrier()
         assert pipeline.active_request_ids == set()
+        assert _all_rows_free(pipeline), "a finished stream kept its row of the state table"
+        if check is not None:
+            check(pipeline)
     finally:
         pipeline.close()
     got: dict[str, list] = {rid: [] for rid in streams}
@@ -146,6 +156,24 @@ def test_context_mode_length_exact_and_error_measured(decoder, capsys):
     assert diff > 1e-4, "the context method cannot be exact beyond the decoder's reach"
 
 
+def test_state_table_streams_what_per_stream_states_stream(decoder):
+    """Stage 1 with its streams' states in one table (the default) and with a state per stream: the same samples,
+    bit for bit, for streams batched together at different positions."""
+    codes = {f"r{i}": _codes(30 + i, FRAMES - 5 * i) for i in range(10)}
+
+    def run(state_table: bool):
+        def rows_written(pipeline):      # each stream's position went through the table's rows, or none did
+            assert bool((pipeline.table.positions > 0).any()) is state_table
+
+        streams = {rid: _stream(c, talker2code2wav_async_chunk, _connector(7, 1, 2), rid) for rid, c in codes.items()}
+        return _run_pipeline(decoder, "exact", streams, state_table, rows_written)
+
+    table, own = run(True), run(False)
+    for rid in codes:
+        assert len(table[rid]) == len(own[rid])
+        assert all(np.array_equal(a, b) for a, b in zip(table[rid], own[rid]))
+
+
 def test_batch_mode_equals_exact_stream(decoder):
     codes = _codes(4)
     batch = _run_pipeline(decoder, "exact", {"r": _stream(codes, talker2code2wav, _connector())})
@@ -165,6 +193,7 @@ def test_abort_drops_the_stream(decoder):
             pipeline.put(chunk)
         pipeline.barrier()
         assert pipeline.active_request_ids == set()
+        assert _all_rows_free(pipeline), "an aborted stream kept its row of the state table"
         assert outputs.qsize() <= 1
     finally:
         pipeline.close()

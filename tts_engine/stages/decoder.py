@@ -20,6 +20,7 @@ the `tts-stage1` thread touches `_streams` and the decoder; `on_output` callback
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -30,7 +31,8 @@ import numpy as np
 import torch
 
 from tts_engine.cuda_streams import high_priority_stream
-from tts_engine.models.qwen3_tts.codec_decoder import Code2WavDecoder, DecoderStreamState
+from tts_engine.models.qwen3_tts.codec_decoder import Code2WavDecoder, DecoderStateTable, DecoderStreamState
+from tts_engine.models.qwen3_tts.sampling import to_device
 from tts_engine.processors.qwen3_tts import CodecChunk
 from tts_engine.stages.owner_thread import OwnerThread
 
@@ -44,7 +46,8 @@ OutputCallback = Callable[[str, int, np.ndarray, bool, str | None], None]
 class _Stream:
     on_output: OutputCallback
     on_decode_start: Callable[[], None] | None = None     # told when the call decoding its first chunk begins
-    state: DecoderStreamState | None = None
+    state: DecoderStreamState | None = None       # exact mode: the stream's own state (`use_state_table` off)
+    slot: int | None = None                       # exact mode: its row in the pipeline's state table
     history: torch.Tensor | None = None          # context mode: frames available as left context
     pending: list[CodecChunk] = field(default_factory=list)
     arrivals: list[int] = field(default_factory=list)   # the pending chunks' arrival numbers (oldest first)
@@ -90,6 +93,18 @@ class AsyncDecodingPipeline:
         self.calls_by_pass_over = 0     # bench reports both per level; written by Stage 1's thread only)
         if self._stream is not None and mode == "exact" and graph_shapes:
             decoder.enable_cuda_graphs(graph_shapes)
+        # Exact mode keeps the streams' decoder states as rows of one table per layer, so a batched call costs
+        # two ops per layer whatever its batch (see DecoderStateTable). Off (bench variant
+        # `stage1-per-stream-states`): each stream keeps a state of its own, as before; read when a stream opens.
+        # (allocated on Stage 1's stream, where it is read and written and where a grown table frees the old one)
+        self.table = None
+        if mode == "exact":
+            with contextlib.ExitStack() as on_stage1:
+                if self._stream is not None:
+                    on_stage1.enter_context(torch.cuda.device(device))
+                    on_stage1.enter_context(torch.cuda.stream(self._stream))
+                self.table = DecoderStateTable(decoder, max(8, max_batch_size))
+        self.use_state_table = True
         self._thread = OwnerThread("tts-stage1", self._run, on_death)
 
     # ---- commands (any thread) -------------------------------------------------------------------
@@ -166,6 +181,7 @@ class AsyncDecodingPipeline:
                 log.exception("decoder priming failed")
                 on_output(request_id, 0, np.zeros(0, np.float32), True, f"decoder failed: {exc}")
                 return
+            self._forget(request_id)        # a stream of the same id (the engine refuses those) gives its row back
             self._streams[request_id] = stream
         elif kind == "chunk":
             stream = self._streams.get(request_id)
@@ -174,14 +190,28 @@ class AsyncDecodingPipeline:
                 stream.arrivals.append(self._arrivals)
                 self._arrivals += 1
         elif kind == "abort":
-            self._streams.pop(request_id, None)
+            self._forget(request_id)
         elif kind == "barrier":
             while self._any_pending():
                 self._decode_round()
             payload.set()
 
+    def _forget(self, request_id: str) -> None:
+        stream = self._streams.pop(request_id, None)
+        if stream is not None and stream.slot is not None:
+            self.table.close(stream.slot)
+            stream.slot = None
+
     def _prime(self, stream: _Stream, context: torch.Tensor | None) -> None:
-        if self.mode == "exact":
+        if self.mode == "exact" and self.use_state_table:
+            stream.slot = self.table.open()
+            if context is not None and context.shape[0]:
+                try:
+                    self.decoder.decode_rows(self.table, self._slots([stream]), context.to(self.device)[None])
+                except Exception:
+                    self.table.close(stream.slot)
+                    raise
+        elif self.mode == "exact":
             stream.state = self.decoder.new_stream_state()
             if context is not None and context.shape[0]:
                 self.decoder.decode_step(stream.state, context.to(self.device))
@@ -238,12 +268,12 @@ class AsyncDecodingPipeline:
                 return
             log.exception("decode failed")
             rid, stream, chunk = batch[0]
-            self._streams.pop(rid, None)
+            self._forget(rid)
             stream.on_output(rid, chunk.chunk_idx, np.zeros(0, np.float32), True, f"decoder failed: {exc}")
             return
         for (rid, stream, chunk), wav in zip(batch, audio):
             if chunk.finished:
-                self._streams.pop(rid, None)
+                self._forget(rid)
             stream.on_output(rid, chunk.chunk_idx, wav, chunk.finished, None)
 
     def first_chunk_priority(self, on: bool) -> None:
@@ -272,11 +302,20 @@ class AsyncDecodingPipeline:
         with torch.cuda.stream(stream):     # the loop's own stream already, unless a first chunk moved it
             return self._decode_on(batch)
 
+    def _slots(self, streams: list[_Stream]) -> torch.Tensor:
+        return to_device([s.slot for s in streams], torch.long, self.device)
+
     def _decode_on(self, batch: list) -> list[np.ndarray]:
         """The decode itself, on the current stream; ends with the read-back of the audio."""
         if self.mode == "exact":
             codes = torch.stack([c.new_codes for _, _, c in batch]).to(self.device)
-            wav = self.decoder.decode_step([s.state for _, s, _ in batch], codes)
+            streams = [s for _, s, _ in batch]
+            if all(s.slot is not None for s in streams):
+                wav = self.decoder.decode_rows(self.table, self._slots(streams), codes)
+            elif all(s.state is not None for s in streams):
+                wav = self.decoder.decode_step([s.state for s in streams], codes)
+            else:       # streams opened on both sides of a `use_state_table` switch: one at a time (the retry)
+                raise ValueError("a batch mixes streams with table rows and streams with states of their own")
             return list(wav.float().cpu().numpy())
         out = []
         for _, stream, chunk in batch:

@@ -472,6 +472,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # Stage 1 decodes every pending chunk before it reads new commands (the loop before the ninth pass): a first
     # chunk that arrives meanwhile waits for all of them
     "stage1-drain-pending": {"stage1_drain_pending": True},
+    # each Stage 1 stream keeps a decoder state of its own (before the tenth pass): a batched call concatenates
+    # every buffer in and slices every stream's out, instead of one gather and one scatter per buffer
+    "stage1-per-stream-states": {"stage1_state_table": False},
 }
 
 
@@ -567,6 +570,9 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
         elif key == "stage1_drain_pending":
             previous[key] = engine.pipeline.drain_pending
             engine.pipeline.drain_pending = value
+        elif key == "stage1_state_table":   # read when a stream opens: switched between levels, it holds for the next
+            previous[key] = engine.pipeline.use_state_table
+            engine.pipeline.use_state_table = value
         elif key == "first_chunk_priority":
             previous[key] = engine.pipeline.first_chunk_stream is not None
             engine.pipeline.first_chunk_priority(value)

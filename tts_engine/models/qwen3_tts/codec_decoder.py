@@ -202,6 +202,62 @@ class DecoderStreamState:
             start += s.batch_size
 
 
+class DecoderStateTable:
+    """Many streams' decoder states in one table per stateful layer, one row (slot) per stream.
+
+    Why: a batched call on per-stream states concatenates every buffer of every stream in (a cat per buffer)
+    and hands every stream a view of every buffer out: 29 buffers x 64 streams = 1,856 Python-level slices
+    (~4 ms of host time, held under the GIL) for one 64-stream call. From a table a call gathers its streams'
+    rows with one `index_select` per buffer and writes the next state back with one `index_copy_`, whatever the
+    batch. The values are copied exactly, so a stream decodes the same samples either way.
+    Rows of streams that stopped are reused; the table doubles when it is full (a stream's slot is kept)."""
+
+    def __init__(self, decoder: "Code2WavDecoder", capacity: int = 8):
+        self.decoder = decoder
+        self._initial = decoder.new_stream_state(1)       # what a new stream's row starts as
+        table = decoder.new_stream_state(capacity)
+        self.buffers, self.positions = table.buffers, table.positions
+        self._free = list(range(capacity - 1, -1, -1))
+
+    @property
+    def capacity(self) -> int:
+        return self.positions.shape[0]
+
+    def open(self) -> int:
+        """A slot for a new stream, its row set to a new stream's state."""
+        if not self._free:
+            self._grow()
+        slot = self._free.pop()
+        for row, initial in zip(self.buffers, self._initial.buffers):
+            row[slot:slot + 1].copy_(initial)
+        self.positions[slot:slot + 1].copy_(self._initial.positions)
+        return slot
+
+    def close(self, slot: int) -> None:
+        self._free.append(slot)
+
+    def _grow(self) -> None:
+        old = self.capacity
+        bigger = self.decoder.new_stream_state(2 * old)
+        for new, current in zip(bigger.buffers, self.buffers):
+            new[:old].copy_(current)
+        bigger.positions[:old].copy_(self.positions)
+        self.buffers, self.positions = bigger.buffers, bigger.positions
+        self._free.extend(range(2 * old - 1, old - 1, -1))
+
+    def gather(self, slots: Tensor) -> DecoderStreamState:
+        """The rows of `slots` (a device tensor of slot numbers) as one batched state."""
+        return DecoderStreamState(buffers=[b.index_select(0, slots) for b in self.buffers],
+                                  positions=self.positions.index_select(0, slots))
+
+    def scatter(self, slots: Tensor, state: DecoderStreamState) -> None:
+        """Write a batched state (the first len(slots) rows of it) back into the rows of `slots`."""
+        n = slots.shape[0]
+        for row, new in zip(self.buffers, state.buffers):
+            row.index_copy_(0, slots, new[:n])
+        self.positions.index_copy_(0, slots, state.positions[:n])
+
+
 class _StepState:
     """The state as seen during one forward pass: stateful layers `read` their context and `write` the
     context for the next chunk. Reads come from the old buffers, writes go to a new list, so a forward
@@ -669,6 +725,20 @@ class Code2WavDecoder(nn.Module):
             merged.assign_split(states)
         return wav[0] if squeeze else wav
 
+    @torch.inference_mode()
+    def decode_rows(self, table: DecoderStateTable, slots: Tensor, new_codes: Tensor) -> Tensor:
+        """Exact streaming for streams whose states live in `table`: decode the next `n` frames of the streams
+        in `slots` ([B] device tensor of their slots; new_codes [B, n, Q]) and write their next states back.
+        The same samples as `decode_step` on the same states; the table is only written after a successful step."""
+        if new_codes.dim() != 3 or new_codes.shape[0] != slots.shape[0]:
+            raise ValueError(f"new_codes must be [B, n, Q] with B = {slots.shape[0]} slots, got {tuple(new_codes.shape)}")
+        graphs = self._graphs
+        if graphs is not None and self.use_graphs and graphs.covers(new_codes.shape[0], new_codes.shape[1]):
+            return graphs.run_rows(new_codes, table, slots)
+        wav, next_state = self._run(new_codes, table.gather(slots))
+        table.scatter(slots, next_state)
+        return wav
+
     # ---- offline --------------------------------------------------------------------------------
 
     @torch.inference_mode()
@@ -814,3 +884,17 @@ class _DecoderGraphs:
         replay()
         return wav[:batch].clone(), DecoderStreamState(buffers=[t[:batch].clone() for t in next_state.buffers],
                                                        positions=next_state.positions[:batch].clone())
+
+    def run_rows(self, codes: Tensor, table: DecoderStateTable, slots: Tensor) -> Tensor:
+        """`run` for streams whose states live in `table`: their rows are gathered straight into the static
+        inputs and the static next state is written straight back into their rows (no per-stream tensors)."""
+        batch, n = codes.shape[0], codes.shape[1]
+        b = next(size for size in self.buckets[n] if size >= batch)
+        replay, codes_in, state_in, wav, next_state = self._graphs[(b, n)]
+        codes_in[:batch].copy_(codes)
+        for src, dst in zip(table.buffers, state_in.buffers):
+            torch.index_select(src, 0, slots, out=dst[:batch])
+        torch.index_select(table.positions, 0, slots, out=state_in.positions[:batch])
+        replay()
+        table.scatter(slots, next_state)
+        return wav[:batch].clone()
