@@ -300,7 +300,7 @@ def test_engine_counters_are_counted_per_level():
     engine.pipeline.calls, engine.pipeline.calls_by_pass_over = 25, 3
     engine.prompts.first_rows.hits, engine.prompts.leads.misses = 10, 2
     assert counter.take() == {"stage1_calls": 15, "stage1_calls_by_pass_over": 2,
-                              "prompt_rows_cached": 6, "prompt_rows_computed": 1}
+                              "prompt_rows_cached": 6, "prompt_rows_computed": 1}     # first rows 4 -> 10, leads 5
     engine.pipeline.calls = 30
     assert counter.take() == {"stage1_calls": 5, "stage1_calls_by_pass_over": 0,
                               "prompt_rows_cached": 0, "prompt_rows_computed": 0}

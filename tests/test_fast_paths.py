@@ -66,6 +66,41 @@ def test_decoder_graph_buffers_match_full_decode():
     assert float((torch.cat(out) - whole[1]).abs().max()) <= 1e-5
 
 
+def test_decoder_graphs_read_and_write_a_state_table():
+    """The graph path for streams in a DecoderStateTable (`run_rows`: rows gathered into the static inputs, the
+    static next state written back) decodes what the graph path on per-stream states does, bit for bit, padded
+    batches and the eager fallback included, and a table row is untouched by a call that fails."""
+    from tts_engine.models.qwen3_tts.codec_decoder import DecoderStateTable
+    torch.manual_seed(0)
+    decoder = Code2WavDecoder(Code2WavConfig.from_dict(_decoder_config()))
+    with torch.no_grad():
+        for name, p in decoder.named_parameters():
+            if name.endswith("embedding_sum"):
+                p.normal_()
+    decoder.quantizer.refresh_codebooks()
+    decoder.eval()
+    codes = torch.randint(0, 2048, (3, 14, 16), generator=torch.Generator().manual_seed(2))
+    decoder._graphs = EagerDecoderGraphs(decoder, [(b, n) for b in (1, 2, 4) for n in (1, 2, 4)])
+    table, own = DecoderStateTable(decoder, capacity=4), [decoder.new_stream_state() for _ in range(3)]
+    slots = [table.open() for _ in range(3)]
+    order, start = [2, 0, 1], 0
+    for n in (1, 2, 4, 7):              # 3 streams padded to 4; 7 frames is not a graph size (eager)
+        batch = codes[order, start:start + n]
+        rows = decoder.decode_rows(table, torch.tensor([slots[i] for i in order]), batch)
+        assert torch.equal(rows, decoder.decode_step([own[i] for i in order], batch))
+        assert float(rows.abs().max()) > 0       # real samples, not a silent decoder's
+        start += n
+    before = [b.clone() for b in table.buffers]
+    replay = decoder._graphs._graphs[(1, 1)][0]
+    decoder._graphs._graphs[(1, 1)] = (lambda: 1 / 0,) + decoder._graphs._graphs[(1, 1)][1:]
+    with pytest.raises(ZeroDivisionError):
+        decoder.decode_rows(table, torch.tensor([slots[0]]), codes[:1, :1])
+    decoder._graphs._graphs[(1, 1)] = (replay,) + decoder._graphs._graphs[(1, 1)][1:]
+    assert all(torch.equal(a, b) for a, b in zip(before, table.buffers))
+    with pytest.raises(ValueError, match="not in use"):
+        table.close(3)                  # never opened: a second stream on a row would corrupt both
+
+
 class EagerDecoderGraphs(_DecoderGraphs):
     """The graph cache's buffer logic (padding, static inputs, state copies) with eager runs instead of
     captured graphs, so it is tested on CPU."""

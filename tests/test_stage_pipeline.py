@@ -343,3 +343,39 @@ def test_the_pass_over_bound_takes_every_other_call_at_most(decoder):
     assert order[:4] == [("gate", 0), ("old-a", 0), ("old-b", 0), ("old-c", 0)]
     assert order[4:] == new[:8] + [("old-a", 1), new[8], ("old-b", 1), new[9], ("old-c", 1)] + new[10:], order
     assert pipeline.calls_by_pass_over == 3
+
+
+@pytest.mark.parametrize("state_table", [True, False])
+def test_a_bad_chunk_fails_its_stream_alone(decoder, state_table):
+    """A batched call that fails (one stream's codes are out of range) is retried one stream at a time: the bad
+    stream ends with an error, the others' states were not touched by the failed call, so they go on and stream
+    what one decode of their whole sequence gives; every row of the state table is free afterwards."""
+    pipeline = AsyncDecodingPipeline(decoder, torch.device("cpu"))
+    pipeline.use_state_table = state_table
+    order: list[tuple[str, int]] = []
+    outputs: dict[str, list] = {"good": [], "bad": []}
+    release = threading.Event()
+    good_codes = _codes(40, 10)
+    good = _stream(good_codes, talker2code2wav_async_chunk, _connector(), "good")
+    bad = _stream(_codes(41, 10), talker2code2wav_async_chunk, _connector(), "bad")
+    bad[1] = dataclasses.replace(bad[1], codes=torch.full_like(bad[1].codes, 10_000))   # no such code
+    assert good[1].new_frames == bad[1].new_frames      # pending together, so decoded in one call
+    try:
+        _gated(pipeline, order, "gate", _stream(_codes(42, 3), talker2code2wav_async_chunk, _connector(), "gate")[0],
+               release)
+        for rid, chunks in (("good", good), ("bad", bad)):
+            pipeline.open(rid, lambda rid, idx, audio, finished, error: outputs[rid].append((idx, audio, error)))
+            for chunk in chunks:
+                pipeline.put(chunk)
+        release.set()
+        pipeline.abort("gate")                          # its other chunks never come
+        pipeline.barrier()
+        assert pipeline.active_request_ids == set()
+        assert _all_rows_free(pipeline)
+    finally:
+        pipeline.close()
+    assert [error for _, _, error in outputs["good"]] == [None] * len(good)
+    streamed = np.concatenate([audio for _, audio, _ in outputs["good"]])
+    whole = decoder.decode_full(good_codes).numpy()      # a state the failed call had touched would be far off
+    assert streamed.shape == whole.shape and float(np.abs(streamed - whole).max()) <= 1e-4
+    assert outputs["bad"][-1][2] is not None and "decoder failed" in outputs["bad"][-1][2]

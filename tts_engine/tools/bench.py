@@ -296,7 +296,7 @@ class LevelCounters:
 def engine_counters(engine) -> dict[str, int]:
     prompts, pipeline = engine.prompts, engine.pipeline
     return {"stage1_calls": pipeline.calls, "stage1_calls_by_pass_over": pipeline.calls_by_pass_over,
-            "prompt_rows_cached": prompts.first_rows.hits,
+            "prompt_rows_cached": prompts.first_rows.hits + prompts.leads.hits,
             "prompt_rows_computed": prompts.first_rows.misses + prompts.leads.misses}
 
 
@@ -457,7 +457,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "decoder-fp32": {"tf32": False},                                   # no TF32 in the codec
     "seed-chunks": {"initial_chunk_size": 1, "chunk_growth": 1, "initial_chunk_repeats": 1},   # 1, then 25s
     "first-chunk-4": {"initial_chunk_size": 4, "initial_chunk_repeats": 1},   # 4, 8, 16, 25
-    "prompt-default-stream": {"prompt_stream": False},                 # prompts built on the steps' stream
+    "prompt-default-stream": {"prompt_stream": False},                 # prompts built on the caller's stream
     "gc-unfrozen": {"gc_frozen": False},                               # no gc.freeze() after the warm-up
     "prompt-uncached": {"prompt_cache": False},                        # every prompt embeds its constant parts
     # prompts built on the GPU and read back (the constant parts still cached), not put together from host pieces

@@ -8,6 +8,7 @@ x-vector and ICL, `non_streaming_mode` on and off); the fidelity tests pin it to
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -120,14 +121,15 @@ def instruct_text(text: str) -> str:
     return f"<|im_start|>user\n{text}<|im_end|>\n"
 
 
-def _fingerprint(vector: torch.Tensor | None) -> bytes | None:
-    """A speaker vector's bytes, the key of its prompt pieces (b"" for no vector); None for a vector on a device,
-    whose bytes would cost a wait for the GPU (the cloner and the voice library keep them on the host)."""
+def _fingerprint(vector: torch.Tensor | None) -> tuple | None:
+    """A speaker vector's dtype, shape and bytes, the key of its prompt pieces (() for no vector); None for a vector
+    on a device, whose bytes would cost a wait for the GPU (the cloner and the voice library keep them on the host)."""
     if vector is None:
-        return b""
+        return ()
     if vector.device.type != "cpu":
         return None
-    return str(vector.dtype).encode() + vector.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    raw = vector.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return str(vector.dtype), tuple(vector.shape), raw
 
 
 class PromptBuilder:
@@ -194,18 +196,20 @@ class PromptBuilder:
         (time outside the stages, p95 on the H200: 8.8 -> 3.5 ms at 1 req/s, 274 -> 139 ms at 64 streams;
         BENCHMARKS.md). On its own stream it waits only for its own few small kernels. Stage 0 marks the tensors
         its steps read (`trailing`, `tts_pad`) as used on its stream (`TalkerStage`), so the caching allocator
-        does not hand their memory to another prompt while a step may still read them.
+        does not hand their memory to another prompt while a step may still read them. A prompt put together
+        from host pieces (`_build`) is not read back at all: it carries an event (`ready`) recorded after its
+        trailing text's kernels, and Stage 0's steps wait for it on the GPU.
         """
-        if self.stream is None:
-            return self._build(p)
-        with torch.cuda.stream(self.stream):
+        on_stream = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
+        with on_stream:
             prompt = self._build(p)
-            if not prompt.prefill.is_cuda:        # from host pieces: nothing to wait for here
+            if prompt.prefill.is_cuda:
+                return TalkerPrompt(prefill=prompt.prefill.cpu(),       # waits for this stream only
+                                    trailing=prompt.trailing, tts_pad=prompt.tts_pad)
+            if prompt.trailing.is_cuda:       # from host pieces: the steps wait for the trailing text, not we
                 prompt.ready = torch.cuda.Event()
                 prompt.ready.record()
-                return prompt
-            prefill = prompt.prefill.cpu()        # waits for this stream only
-        return TalkerPrompt(prefill=prefill, trailing=prompt.trailing, tts_pad=prompt.tts_pad)
+        return prompt
 
     @torch.inference_mode()
     def _build(self, p: PromptInputs) -> TalkerPrompt:
