@@ -43,15 +43,20 @@ def test_fused_predictor_step_matches_eager(size):
     assert torch.allclose(fused_embed, embed, atol=1e-5)
 
 
-def test_decoder_graph_buffers_match_full_decode():
-    torch.manual_seed(0)
+def _tiny_decoder() -> Code2WavDecoder:
+    """The tiny decoder with random codebooks (a new decoder's are zeros: every code would sound alike)."""
     decoder = Code2WavDecoder(Code2WavConfig.from_dict(_decoder_config()))
     with torch.no_grad():
         for name, p in decoder.named_parameters():
             if name.endswith("embedding_sum"):
                 p.normal_()
     decoder.quantizer.refresh_codebooks()
-    decoder.eval()
+    return decoder.eval()
+
+
+def test_decoder_graph_buffers_match_full_decode():
+    torch.manual_seed(0)
+    decoder = _tiny_decoder()
     codes = torch.randint(0, 2048, (3, 14, 16), generator=torch.Generator().manual_seed(1))
     whole = decoder.decode_full(codes)
     decoder._graphs = EagerDecoderGraphs(decoder, [(b, n) for b in (1, 2, 4) for n in (1, 2, 4)])
@@ -72,13 +77,7 @@ def test_decoder_graphs_read_and_write_a_state_table():
     batches and the eager fallback included, and a table row is untouched by a call that fails."""
     from tts_engine.models.qwen3_tts.codec_decoder import DecoderStateTable
     torch.manual_seed(0)
-    decoder = Code2WavDecoder(Code2WavConfig.from_dict(_decoder_config()))
-    with torch.no_grad():
-        for name, p in decoder.named_parameters():
-            if name.endswith("embedding_sum"):
-                p.normal_()
-    decoder.quantizer.refresh_codebooks()
-    decoder.eval()
+    decoder = _tiny_decoder()
     codes = torch.randint(0, 2048, (3, 14, 16), generator=torch.Generator().manual_seed(2))
     decoder._graphs = EagerDecoderGraphs(decoder, [(b, n) for b in (1, 2, 4) for n in (1, 2, 4)])
     table, own = DecoderStateTable(decoder, capacity=4), [decoder.new_stream_state() for _ in range(3)]
