@@ -237,6 +237,24 @@ def test_late_chunks_name_the_chunk_that_missed_its_deadline():
     assert late_chunks(chunks, sr, prebuffer_s=0.5) == []
 
 
+def test_late_chunks_carry_their_time_in_stage1():
+    """A chunk that came after the player ran dry is matched to the engine's chunk of the same audio (chunks the
+    trim emptied never reached the player) and reports how long it waited for Stage 1's call and the call."""
+    from tts_engine.tools.bench import late_chunk_legs, late_chunk_summary
+
+    sr, frame = 24000, 1920
+    r = RequestResult("a", 0.0, chunks=[(0.0, frame), (0.07, frame), (0.2, 2 * frame), (0.5, 4 * frame)],
+                      chunk_indexes=[1, 2, 3, 4],        # the engine's chunk 0 was all leading silence
+                      engine_chunk_times=[(0.01, 0.01, 0.02), (0.02, 0.03, 0.04), (0.05, 0.06, 0.07),
+                                          (0.10, 0.15, 0.19), (0.30, 0.45, 0.49)])
+    legs = late_chunk_legs(r, late_chunks(r.chunks, sr))
+    assert legs == [pytest.approx({"stall": 0.04, "stage1_wait": 0.05, "stage1_call": 0.04}),
+                    pytest.approx({"stall": 0.14, "stage1_wait": 0.15, "stage1_call": 0.04})]
+    summary = late_chunk_summary(legs)["late_chunk_legs_ms"]
+    assert summary["stage1_wait_max"] == 150.0 and summary["stall_50"] == pytest.approx(90.0)
+    assert late_chunk_summary([]) == {}
+
+
 def test_stream_candidates_switch_on_and_back():
     """The candidates of the eighth pass are switched in a running engine and undone by their previous values."""
     from types import SimpleNamespace

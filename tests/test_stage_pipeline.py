@@ -100,7 +100,8 @@ def _run_pipeline(decoder, mode, streams: dict[str, list[CodecChunk]], state_tab
     outputs: queue.Queue = queue.Queue()
     try:
         for rid in streams:
-            pipeline.open(rid, lambda *args: outputs.put(args), on_decode_start=lambda rid=rid: outputs.put(("start", rid)))
+            pipeline.open(rid, lambda *args: outputs.put(args),
+                          on_decode_start=lambda idx, rid=rid: outputs.put(("start", rid, idx)))
         for i in range(max(len(c) for c in streams.values())):   # interleave requests, as live traffic does
             for rid, chunks in streams.items():
                 if i < len(chunks):
@@ -113,15 +114,16 @@ def _run_pipeline(decoder, mode, streams: dict[str, list[CodecChunk]], state_tab
     finally:
         pipeline.close()
     got: dict[str, list] = {rid: [] for rid in streams}
-    started: list[str] = []
+    started: dict[str, list[int]] = {rid: [] for rid in streams}
     while not outputs.empty():
         item = outputs.get()
-        if item[0] == "start":     # told once a request, before the output of its first chunk
-            assert item[1] not in started and not got[item[1]]
-            started.append(item[1])
+        if item[0] == "start":     # told each chunk, in order, before that chunk's output
+            _, rid, idx = item
+            assert idx == len(started[rid]) == len(got[rid]), "a call began out of order or was told twice"
+            started[rid].append(idx)
             continue
         rid, idx, audio, finished, error = item
-        assert rid in started, "the first chunk's output came before its call was reported"
+        assert len(started[rid]) == idx + 1, "a chunk's output came before its call was reported"
         assert error is None
         assert idx == len(got[rid]), "chunks of a request arrived out of order"
         got[rid].append(audio)
@@ -216,7 +218,7 @@ def test_a_first_chunk_goes_before_chunks_already_pending(decoder):
             pipeline.put(new[0])
 
     try:
-        pipeline.open("old", on_old, on_decode_start=lambda: all_put.wait(30))
+        pipeline.open("old", on_old, on_decode_start=lambda idx: idx or all_put.wait(30))
         for chunk in old:
             pipeline.put(chunk)
         all_put.set()
@@ -262,7 +264,7 @@ def test_a_steady_supply_of_first_chunks_cannot_hold_a_stream_back_forever(decod
             supply.arrive()
 
     try:
-        pipeline.open("old", on_old, on_decode_start=lambda: all_put.wait(30))
+        pipeline.open("old", on_old, on_decode_start=lambda idx: idx or all_put.wait(30))
         for chunk in old[:2]:           # 1 frame, then 25 frames
             pipeline.put(chunk)
         all_put.set()
@@ -283,7 +285,7 @@ def _gated(pipeline, order: list, name: str, chunk: CodecChunk, release: threadi
     returns is pending together when the next round chooses."""
     inside = threading.Event()
     pipeline.open(name, lambda rid, idx, *rest: order.append((rid, idx)),
-                  on_decode_start=lambda: (inside.set(), release.wait(30)))
+                  on_decode_start=lambda idx: idx or (inside.set(), release.wait(30)))
     pipeline.put(chunk)
     assert inside.wait(30)
 

@@ -84,6 +84,10 @@ def test_stream_is_delta_exact_and_equals_synthesize(engine, voices):
     m = chunks[-1].metrics
     assert m.frames == codes.shape[0] and len(m.frame_times_s) == m.frames
     assert 0 < m.first_frame_s <= m.first_chunk_s <= m.finished_s and m.real_time_factor > 0
+    # each chunk's way through Stage 1, in order: handed over, its call began, its audio ready
+    assert len(m.chunk_put_s) == len(m.chunk_call_s) == len(m.chunk_done_s) == len(chunks)
+    assert all(put <= call <= done for put, call, done in zip(m.chunk_put_s, m.chunk_call_s, m.chunk_done_s))
+    assert m.chunk_call_s[0] == m.first_decode_s and m.chunk_done_s == sorted(m.chunk_done_s)
 
 
 @pytest.mark.parametrize("initial, size", [(4, 7), (1, 1)])

@@ -96,6 +96,11 @@ class RequestMetrics:
     first_chunk_s: float | None = None      # first delta PCM ready (server side)
     finished_s: float | None = None
     frame_times_s: list[float] = field(default_factory=list)
+    # each chunk, by index: handed to Stage 1 (its last frame made), Stage 1 began the call that decodes it, its
+    # audio ready. Where a chunk that came late to a player spent its time: Stage 1's queue, or the call.
+    chunk_put_s: list[float] = field(default_factory=list)
+    chunk_call_s: list[float] = field(default_factory=list)
+    chunk_done_s: list[float] = field(default_factory=list)
     frames: int = 0
     audio_samples: int = 0
     sample_rate: int = 24000

@@ -45,7 +45,7 @@ OutputCallback = Callable[[str, int, np.ndarray, bool, str | None], None]
 @dataclass
 class _Stream:
     on_output: OutputCallback
-    on_decode_start: Callable[[], None] | None = None     # told when the call decoding its first chunk begins
+    on_decode_start: Callable[[int], None] | None = None  # told a chunk's index when the call decoding it begins
     state: DecoderStreamState | None = None       # exact mode: the stream's own state (`use_state_table` off)
     slot: int | None = None                       # exact mode: its row in the pipeline's state table
     history: torch.Tensor | None = None          # context mode: frames available as left context
@@ -109,9 +109,9 @@ class AsyncDecodingPipeline:
 
     # ---- commands (any thread) -------------------------------------------------------------------
     def open(self, request_id: str, on_output: OutputCallback, context_codes: torch.Tensor | None = None,
-             on_decode_start: Callable[[], None] | None = None) -> None:
+             on_decode_start: Callable[[int], None] | None = None) -> None:
         """Start a stream. `context_codes` (ICL reference codes) condition the decoder, unheard;
-        `on_decode_start` is told (on Stage 1's thread) when the call that decodes the first chunk begins."""
+        `on_decode_start(chunk_idx)` is told (on Stage 1's thread) when the call that decodes a chunk begins."""
         self._inbox.put(("open", request_id, (on_output, context_codes, on_decode_start)))
 
     def barrier(self, timeout: float = 30.0) -> None:
@@ -256,8 +256,8 @@ class AsyncDecodingPipeline:
         """Decode and deliver; a failing batch is retried one stream at a time, so a bad request fails
         alone and the others go on (the streams' states are only replaced after a successful step)."""
         for _, stream, chunk in batch:
-            if chunk.chunk_idx == 0 and stream.on_decode_start is not None:
-                stream.on_decode_start()
+            if stream.on_decode_start is not None:
+                stream.on_decode_start(chunk.chunk_idx)
         try:
             audio = self._decode(batch, frames)
         except Exception as exc:

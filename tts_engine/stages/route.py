@@ -61,6 +61,7 @@ class Route:
             return
         self.chunk_codes[chunk.chunk_idx] = chunk.new_codes
         chunk.codes = chunk.codes.to(self.stage1_device, non_blocking=True)
+        self.metrics.chunk_put_s.append(self._elapsed())
         self.pipeline.put(chunk)
 
     # Stage 0 thread ------------------------------------------------------------------------------
@@ -88,10 +89,12 @@ class Route:
         self._forward(chunk)
 
     # Stage 1 thread ------------------------------------------------------------------------------
-    def on_decode_start(self) -> None:
-        """Stage 1 begins the call that decodes this request's first chunk."""
-        if self.metrics.first_decode_s is None:
-            self.metrics.first_decode_s = self._elapsed()
+    def on_decode_start(self, chunk_idx: int) -> None:
+        """Stage 1 begins the call that decodes this request's chunk `chunk_idx` (they come in order)."""
+        now = self._elapsed()
+        self.metrics.chunk_call_s.append(now)
+        if chunk_idx == 0 and self.metrics.first_decode_s is None:
+            self.metrics.first_decode_s = now
 
     def on_output(self, request_id: str, chunk_idx: int, audio: np.ndarray, finished: bool,
                   error: str | None) -> None:
@@ -101,6 +104,7 @@ class Route:
             self.fail(StreamFailed(error))
             return
         now = self._elapsed()
+        self.metrics.chunk_done_s.append(now)
         if self.trimmer is not None:
             audio = self.trimmer.push(audio)
             self.metrics.trimmed_samples = self.trimmer.trimmed

@@ -87,6 +87,11 @@ class RequestResult:
     underruns: int = 0
     underrun_s: float = 0.0
     late_chunk_indexes: list[int] = field(default_factory=list)   # which chunks (from 1) came after a run-dry
+    # in process: the engine's index of each chunk in `chunks`, and each engine chunk's (handed to Stage 1, its
+    # call began, its audio ready), seconds since submission (RequestMetrics)
+    chunk_indexes: list[int] = field(default_factory=list)
+    engine_chunk_times: list[tuple[float, float, float]] = field(default_factory=list)
+    late_chunk_legs: list[dict[str, float]] = field(default_factory=list)   # stall, stage1_wait, stage1_call
     error: str | None = None
     replica: str | None = None               # --url: the x-tts-replica header of the answer (Ray Serve)
 
@@ -174,6 +179,7 @@ def summarize(name: str, level: int, mode: str, results: list[RequestResult], wa
         "underrun_ms_total": ms(sum(r.underrun_s for r in ok)), "wall_s": round(wall_s, 2),
         "underruns_by_chunk": {str(i): n for i, n in sorted(collections.Counter(
             i for r in ok for i in r.late_chunk_indexes).items())},
+        **late_chunk_summary([leg for r in ok for leg in r.late_chunk_legs]),
         "error_messages": sorted({r.error for r in results if r.error})[:3],
     }
     path = first_chunk_path(ok)
@@ -185,6 +191,15 @@ def summarize(name: str, level: int, mode: str, results: list[RequestResult], wa
     out.update(COUNTERS.take())
     out.update(extra or {})
     return out
+
+
+def late_chunk_summary(legs: list[dict[str, float]]) -> dict:
+    """`late_chunk_legs_ms`: p50 and max of each leg over a level's late chunks (none: no key)."""
+    if not legs:
+        return {}
+    return {"late_chunk_legs_ms": {f"{leg}_{stat}": round(fn([x[leg] for x in legs]) * 1000, 1)
+                                   for leg in ("stall", "stage1_wait", "stage1_call")
+                                   for stat, fn in (("50", lambda v: _pct(v, 50)), ("max", max))}}
 
 
 def first_chunk_path(results: list[RequestResult]) -> dict[str, float]:
@@ -354,6 +369,7 @@ async def _one_request(engine, request, t_level: float) -> Heard:
                     result.first_chunk_s = now
                 pieces.append(chunk.audio)
                 result.chunks.append((now, int(chunk.audio.size)))
+                result.chunk_indexes.append(chunk.chunk_idx)
             if chunk.is_finished:
                 result.finished_s = now
                 m = chunk.metrics
@@ -363,6 +379,7 @@ async def _one_request(engine, request, t_level: float) -> Heard:
                     result.engine_first_chunk_s = m.first_chunk_s
                     result.submit_s = m.submitted_at - t0
                     result.engine_legs = m.first_audio_legs()
+                    result.engine_chunk_times = list(zip(m.chunk_put_s, m.chunk_call_s, m.chunk_done_s))
                     times = m.frame_times_s
                     result.frame_intervals_s = [b - a for a, b in zip(times, times[1:])]
     except Exception as exc:  # a failed request is counted, not fatal
@@ -393,7 +410,22 @@ def _listened(result: RequestResult, pieces: list[np.ndarray], prebuffer_s: floa
     late = late_chunks(result.chunks, prebuffer_s=prebuffer_s)
     result.underruns, result.underrun_s = len(late), sum(stall for _, stall in late)
     result.late_chunk_indexes = [index for index, _ in late] if engine_chunks else []
+    if engine_chunks:
+        result.late_chunk_legs = late_chunk_legs(result, late)
     return result
+
+
+def late_chunk_legs(result: RequestResult, late: list[tuple[int, float]]) -> list[dict[str, float]]:
+    """For each chunk that came after the player ran dry: the stall, and the chunk's time in Stage 1 (waiting
+    for its call, and the call). A wait about as long as the stall says Stage 1's order made it late; a short
+    wait says its frames came late (Stage 0) or the call was slow."""
+    legs = []
+    for index, stall in late:
+        engine_idx = result.chunk_indexes[index - 1]
+        if engine_idx < len(result.engine_chunk_times):
+            put, call, done = result.engine_chunk_times[engine_idx]
+            legs.append({"stall": stall, "stage1_wait": call - put, "stage1_call": done - call})
+    return legs
 
 
 async def run_level(engine, args, level: int, voice=None, index0: int = 0, requests: int | None = None
