@@ -92,7 +92,11 @@ class Route:
     def on_decode_start(self, chunk_idx: int) -> None:
         """Stage 1 begins the call that decodes this request's chunk `chunk_idx` (they come in order)."""
         now = self._elapsed()
-        self.metrics.chunk_call_s.append(now)
+        calls = self.metrics.chunk_call_s
+        if chunk_idx < len(calls):     # its batch failed and Stage 1 retries it alone: the retry's call counts
+            calls[chunk_idx] = now
+        else:
+            calls.append(now)
         if chunk_idx == 0 and self.metrics.first_decode_s is None:
             self.metrics.first_decode_s = now
 

@@ -211,8 +211,8 @@ class DecoderStateTable:
     rows with one `index_select` per buffer and writes the next state back with one `index_copy_`, whatever the
     batch. The values are copied exactly, so a stream decodes the same samples either way.
     Rows of streams that stopped are reused; the table doubles when it is full (a stream's slot is kept) and never
-    shrinks: it holds rows for the most streams that were open at once (up to twice that), ~2.6 MB a row for the
-    released decoder in bf16. Only Stage 1's thread uses it."""
+    shrinks: it holds rows for the most streams that were open at once (up to twice that), ~5.2 MB a row for the
+    released decoder in float32 (the engine's precision for it; 64 rows: 333 MB). Only Stage 1's thread uses it."""
 
     def __init__(self, decoder: "Code2WavDecoder", capacity: int = 8):
         self.decoder = decoder

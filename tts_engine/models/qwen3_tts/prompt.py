@@ -150,10 +150,10 @@ class PromptBuilder:
         self._constants: dict[tuple, torch.Tensor | tuple[torch.Tensor, torch.Tensor]] = {}
         self.cache_constants = True
         # Host copies of a streaming prompt's two pieces: its lead (everything before the first text token: the
-        # instruct, the chat prefix, the codec track of a language and preset speaker) and the first text token's
-        # row. With both known, `build` returns without a wait for the GPU (the burst of 64 prompts: ~1.3 ms
-        # of host work each and a read-back). Rows are 2 x hidden bytes (4 KB at 1.7B): 8,192 first tokens
-        # take 32 MB; a lead is ~10 rows (and an instruct's).
+        # instruct, the chat prefix, the codec track of a language and a preset speaker or speaker vector) and the
+        # first text token's row. With both known, `build` returns without a wait for the GPU (the burst of 64
+        # prompts: ~1.3 ms of host work each and a read-back). Rows are 2 x hidden bytes (4 KB at 1.7B): 8,192
+        # first tokens take 32 MB; a lead is ~10 rows (and an instruct's).
         self.leads = HostRows(64)
         self.first_rows = HostRows(8192)
         self.cache_prefills = True
