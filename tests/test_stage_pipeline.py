@@ -381,3 +381,17 @@ def test_a_bad_chunk_fails_its_stream_alone(decoder, state_table):
     whole = decoder.decode_full(good_codes).numpy()      # a state the failed call had touched would be far off
     assert streamed.shape == whole.shape and float(np.abs(streamed - whole).max()) <= 1e-4
     assert outputs["bad"][-1][2] is not None and "decoder failed" in outputs["bad"][-1][2]
+
+
+def test_the_route_keeps_one_call_time_a_chunk():
+    """Stage 1 tells the route each chunk's call in order; a chunk whose batch failed is told again when it is
+    retried alone, and the retry's time replaces the first (one entry a chunk, as the bench's legs assume)."""
+    from tts_engine.processors.qwen3_tts import ChunkConnector
+    from tts_engine.stages.route import Route
+
+    route = Route("r", talker2code2wav_async_chunk, ChunkConnector(ChunkSchedule()), pipeline=None,
+                  deliver=lambda item: None, on_done=lambda rid: None, stage1_device=torch.device("cpu"))
+    for idx in (0, 1, 1, 2):                     # chunk 1's batch failed; it was retried alone
+        route.on_decode_start(idx)
+    calls = route.metrics.chunk_call_s
+    assert len(calls) == 3 and calls == sorted(calls) and route.metrics.first_decode_s == calls[0]
