@@ -147,21 +147,22 @@ def switch_check(folder: Path, requests: int, on_gpu: bool, name: str, switch) -
     audio bit for bit, and overlapping requests (switch on) must stream their reported tokens. One engine.
     `handover`: frames handed to Stage 1 as soon as the code predictor made them (`TalkerStage.early_handover`, the
     default) vs after the whole step; a missing wait shows as stale codes. `prompt`: prompts put together from host
-    pieces (`PromptBuilder.cache_prefills`, the default; the steps wait for the trailing text's kernels on the GPU)
-    vs built on the GPU and read back; a missing wait shows as other codes from the first step on."""
+    pieces (`PromptBuilder.cache_prefills`, the default; with the text a step at a time the steps wait for the
+    trailing text's kernels on the GPU) vs built whole on the GPU and read back, requests with their text a step at
+    a time and in the prefill (CustomVoice's default); a missing wait shows as other codes from the first step on."""
     engine = start_engine(folder, True, on_gpu)
     try:
-        streaming_text = False if name == "prompt" else None    # the prompts the switch concerns
+        modes = (False, None) if name == "prompt" else (None,)    # prompt: text a step at a time, and the default
         switch(engine, False)
-        off = one_by_one(engine, requests, streaming_text)
+        off = [result for mode in modes for result in one_by_one(engine, requests, mode)]
         switch(engine, True)
-        on = one_by_one(engine, requests, streaming_text)
+        on = [result for mode in modes for result in one_by_one(engine, requests, mode)]
         problems = overlapping_requests(engine, {"speaker": engine.config.supported_speakers[0]}, requests)
     finally:
         engine.close()
     bad = sum(not (c1.shape == c2.shape and np.array_equal(c1, c2) and np.array_equal(a1, a2))
               for (c1, a1), (c2, a2) in zip(off, on))
-    print(f"{name}: {requests - bad}/{requests} requests identical on vs off "
+    print(f"{name}: {len(on) - bad}/{len(on)} requests identical on vs off "
           f"({sum(c.shape[0] for c, _ in on)} frames); overlapping requests, on: "
           + ("every stream's codebook 0 = its reported tokens but the last" if not problems else "; ".join(problems)))
     return 1 if bad or problems else 0

@@ -63,10 +63,10 @@ def test_cached_prompt_parts_equal_freshly_built_ones(engine):
     finally:
         prompts.cache_constants = prompts.cache_prefills = True
     assert ("codec track", engine.config.talker.languages["english"], "ryan") in prompts._constants
-    # the streaming prompts (all but non_streaming_mode) were put together from host pieces: their first text
-    # rows ("Hi", "Good", "I", "Nobody") computed once, found the second time
+    # every prompt was put together from host pieces; the streaming ones' first text rows ("Hi", "Good", "I",
+    # "Nobody") computed once, found the second time
     assert len(prompts.first_rows) == 4 and prompts.first_rows.misses - computed == 4
-    assert len(prompts.leads) == 5            # (instruct, language, speaker): ryan in two languages
+    assert len(prompts.leads) == 6            # (instruct, language, speaker): ryan in two languages; the tail
     for run in [constants_only, *cached]:
         for alone, built in zip(fresh, run):
             if built.ready is not None:        # on a GPU: the trailing text's kernels may still be running

@@ -222,17 +222,25 @@ class PromptBuilder:
         lang = self.language_id(p.language, p.speaker)
         vector = None if p.speaker else p.speaker_vector       # a preset speaker wins, as in the reference
         voice = _fingerprint(vector)
-        if self.cache_prefills and p.ref_codes is None and not p.non_streaming_mode and voice is not None:
-            # The streaming prompt of a preset speaker, a speaker vector (a cloned voice without its reference
-            # codes) or none: its lead and first text row come from the host cache, built the uncached way on a
-            # miss; only the trailing text is new GPU work.
+        if self.cache_prefills and p.ref_codes is None and voice is not None:
+            # The prompt of a preset speaker, a speaker vector (a cloned voice without its reference codes) or
+            # none: what does not depend on its text comes from the host cache, built the uncached way on a miss.
             lead = self.leads.get((p.instruct, lang, p.speaker, voice, tuple(ids[:3])),
                                   lambda: torch.cat(self._lead(p, ids, lang, vector, tts_pad, tts_bos)[0]))
-            # keyed by the token alone: the codec BOS row is the same for every language and speaker
-            first = self.first_rows.get((ids[3],), lambda: T(self._ids(ids[3:4])) + self._codec_track(
-                lang, p.speaker, None, tts_pad, tts_bos)[1])
-            return TalkerPrompt(prefill=torch.cat([lead, first]), trailing=self._trailing(ids, tts_eos),
-                                tts_pad=tts_pad)
+            codec_bos = lambda: self._codec_track(lang, p.speaker, None, tts_pad, tts_bos)[1]   # noqa: E731
+            if not p.non_streaming_mode:
+                # the text a step at a time: the first token's row is cached too (keyed by the token alone: the
+                # codec BOS row is the same for every language and speaker), so only the trailing text is GPU work
+                first = self.first_rows.get((ids[3],), lambda: T(self._ids(ids[3:4])) + codec_bos())
+                return TalkerPrompt(prefill=torch.cat([lead, first]), trailing=self._trailing(ids, tts_eos),
+                                    tts_pad=tts_pad)
+            # the whole text in the prefill: its rows are the one part built here and read back (the codec pad
+            # rows are one embedding repeated, so a view of it adds the same values as embedding every pad id)
+            body = ids[3:-5]
+            pad = self._once("C", [codec.pad]).expand(len(body) + 1, -1)
+            text = torch.cat([T(self._ids(body)), tts_eos[None]]) + pad
+            tail = self.leads.get(("tail",), lambda: tts_pad[None] + codec_bos())
+            return TalkerPrompt(prefill=torch.cat([lead, text.cpu(), tail]), trailing=tts_pad[None], tts_pad=tts_pad)
         parts, codec_bos = self._lead(p, ids, lang, vector, tts_pad, tts_bos)
 
         body = ids[3:-5]
