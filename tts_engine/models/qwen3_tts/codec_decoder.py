@@ -719,8 +719,8 @@ class Code2WavDecoder(nn.Module):
         total = sum(s.batch_size for s in states)
         if codes.shape[0] != total:
             raise ValueError(f"new_codes has batch {codes.shape[0]} but the state(s) hold {total} streams")
-        graphs = self._graphs
-        if graphs is not None and self.use_graphs and graphs.covers(codes.shape[0], codes.shape[1]):
+        graphs = self._graphs_for(codes)
+        if graphs is not None:
             wav, merged = graphs.run(codes, states)
         else:
             merged = states[0] if len(states) == 1 else DecoderStreamState.cat(states)
@@ -738,12 +738,18 @@ class Code2WavDecoder(nn.Module):
         The same samples as `decode_step` on the same states; the table is only written after a successful step."""
         if new_codes.dim() != 3 or new_codes.shape[0] != slots.shape[0]:
             raise ValueError(f"new_codes must be [B, n, Q] with B = {slots.shape[0]} slots, got {tuple(new_codes.shape)}")
-        graphs = self._graphs
-        if graphs is not None and self.use_graphs and graphs.covers(new_codes.shape[0], new_codes.shape[1]):
+        graphs = self._graphs_for(new_codes)
+        if graphs is not None:
             return graphs.run_rows(new_codes, table, slots)
         wav, next_state = self._run(new_codes, table.gather(slots))
         table.scatter(slots, next_state)
         return wav
+
+    def _graphs_for(self, codes: Tensor) -> "_DecoderGraphs | None":
+        """The captured graphs, if they are on and hold a graph for this [B, n, Q] call (else it runs eagerly)."""
+        graphs = self._graphs
+        return graphs if graphs is not None and self.use_graphs and graphs.covers(codes.shape[0], codes.shape[1]) \
+            else None
 
     # ---- offline --------------------------------------------------------------------------------
 
@@ -879,11 +885,18 @@ class _DecoderGraphs:
         graph, (wav, next_state) = capture_on_device(lambda: decoder._run(codes, state), codes.device, self.pool)
         return graph.replay, wav, next_state
 
-    def run(self, codes: Tensor, states: Sequence[DecoderStreamState]) -> tuple[Tensor, DecoderStreamState]:
+    def _graph(self, codes: Tensor) -> tuple:
+        """The graph of the smallest batch bucket that holds this call, its codes copied into its static input:
+        (replay, static state in, static wav, static next state)."""
         batch, n = codes.shape[0], codes.shape[1]
         b = next(size for size in self.buckets[n] if size >= batch)
         replay, codes_in, state_in, wav, next_state = self._graphs[(b, n)]
         codes_in[:batch].copy_(codes)
+        return replay, state_in, wav, next_state
+
+    def run(self, codes: Tensor, states: Sequence[DecoderStreamState]) -> tuple[Tensor, DecoderStreamState]:
+        batch = codes.shape[0]
+        replay, state_in, wav, next_state = self._graph(codes)
         for slot, dst in enumerate(state_in.buffers):
             torch.cat([s.buffers[slot] for s in states], out=dst[:batch])
         torch.cat([s.positions for s in states], out=state_in.positions[:batch])
@@ -894,10 +907,8 @@ class _DecoderGraphs:
     def run_rows(self, codes: Tensor, table: DecoderStateTable, slots: Tensor) -> Tensor:
         """`run` for streams whose states live in `table`: their rows are gathered straight into the static
         inputs and the static next state is written straight back into their rows (no per-stream tensors)."""
-        batch, n = codes.shape[0], codes.shape[1]
-        b = next(size for size in self.buckets[n] if size >= batch)
-        replay, codes_in, state_in, wav, next_state = self._graphs[(b, n)]
-        codes_in[:batch].copy_(codes)
+        batch = codes.shape[0]
+        replay, state_in, wav, next_state = self._graph(codes)
         for src, dst in zip(table.buffers, state_in.buffers):
             torch.index_select(src, 0, slots, out=dst[:batch])
         torch.index_select(table.positions, 0, slots, out=state_in.positions[:batch])

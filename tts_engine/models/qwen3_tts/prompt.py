@@ -231,16 +231,13 @@ class PromptBuilder:
             if not p.non_streaming_mode:
                 # the text a step at a time: the first token's row is cached too (keyed by the token alone: the
                 # codec BOS row is the same for every language and speaker), so only the trailing text is GPU work
-                first = self.first_rows.get((ids[3],), lambda: T(self._ids(ids[3:4])) + codec_bos())
+                first = self.first_rows.get((ids[3],), lambda: self._first_row(ids, codec_bos()))
                 return TalkerPrompt(prefill=torch.cat([lead, first]), trailing=self._trailing(ids, tts_eos),
                                     tts_pad=tts_pad)
-            # the whole text in the prefill: its rows are the one part built here and read back (the codec pad
-            # rows are one embedding repeated, so a view of it adds the same values as embedding every pad id)
-            body = ids[3:-5]
-            pad = self._once("C", [codec.pad]).expand(len(body) + 1, -1)
-            text = torch.cat([T(self._ids(body)), tts_eos[None]]) + pad
-            tail = self.leads.get(("tail",), lambda: tts_pad[None] + codec_bos())
-            return TalkerPrompt(prefill=torch.cat([lead, text.cpu(), tail]), trailing=tts_pad[None], tts_pad=tts_pad)
+            # the whole text in the prefill: its rows are the one part built here and read back
+            tail = self.leads.get(("tail",), lambda: self._tail(tts_pad, codec_bos()))
+            return TalkerPrompt(prefill=torch.cat([lead, self._text_rows(ids, tts_eos).cpu(), tail]),
+                                trailing=tts_pad[None], tts_pad=tts_pad)
         parts, codec_bos = self._lead(p, ids, lang, vector, tts_pad, tts_bos)
 
         body = ids[3:-5]
@@ -261,11 +258,10 @@ class PromptBuilder:
                 parts.append(torch.cat([text_embed, pad]) + codec_embed)
                 trailing = tts_pad[None]
         elif p.non_streaming_mode:
-            parts.append(torch.cat([T(self._ids(body)), tts_eos[None]]) + C([codec.pad] * (len(body) + 1)))
-            parts.append(tts_pad[None] + codec_bos)
+            parts += [self._text_rows(ids, tts_eos), self._tail(tts_pad, codec_bos)]
             trailing = tts_pad[None]
         else:
-            parts.append(T(self._ids(ids[3:4])) + codec_bos)
+            parts.append(self._first_row(ids, codec_bos))
             trailing = self._trailing(ids, tts_eos)
         return TalkerPrompt(prefill=torch.cat(parts), trailing=trailing, tts_pad=tts_pad)
 
@@ -281,9 +277,25 @@ class PromptBuilder:
         parts.append(head)
         return parts, codec_bos
 
+    def _first_row(self, ids: list[int], codec_bos: torch.Tensor) -> torch.Tensor:
+        """A streaming prompt's last prefill row: its first text token over the codec BOS row."""
+        return self.text(self._ids(ids[3:4])) + codec_bos
+
     def _trailing(self, ids: list[int], tts_eos: torch.Tensor) -> torch.Tensor:
         """A streaming prompt's text after its first token, fed one row a decode step, then tts_eos."""
         return torch.cat([self.text(self._ids(ids[4:-5])), tts_eos[None]])
+
+    def _text_rows(self, ids: list[int], tts_eos: torch.Tensor) -> torch.Tensor:
+        """A non-streaming prompt's whole text and tts_eos over the codec pad (one embedding repeated: a view of it
+        adds the same values as embedding every pad id)."""
+        body = ids[3:-5]
+        pad = self._once("C", [self.config.talker.codec.pad]).expand(len(body) + 1, -1)
+        return torch.cat([self.text(self._ids(body)), tts_eos[None]]) + pad
+
+    @staticmethod
+    def _tail(tts_pad: torch.Tensor, codec_bos: torch.Tensor) -> torch.Tensor:
+        """A non-streaming prompt's last prefill row: tts_pad over the codec BOS row."""
+        return tts_pad[None] + codec_bos
 
     def _codec_track(self, lang: int | None, speaker: str | None, vector: torch.Tensor | None,
                      tts_pad: torch.Tensor, tts_bos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
