@@ -33,6 +33,6 @@ import json; d = json.load(open('$OUT/load_full${ENGINE_VARIANT:+_$ENGINE_VARIAN
 for r in d['results']:
     keys = ('name', 'level', 'mode', 'variant', 'underruns_by_chunk', 'steps', 'step_ms_p50', 'step_ms_p95',
             'step_ms_p95_joined', 'step_ms_p95_not_joined', 'steps_joined_pct', 'first_chunk_path_ms', 'cudagraph_mode',
-            'idle_ms_per_frame_by_gap', 'stage1_calls', 'stage1_calls_by_pass_over',
+            'idle_ms_per_frame_by_gap', 'stage1_calls', 'stage1_calls_overdue', 'stage1_calls_by_pass_over',
             'prompt_rows_cached', 'prompt_rows_computed', 'late_chunk_legs_ms')
     print({k: r[k] for k in keys if r.get(k) is not None})"

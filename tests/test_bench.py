@@ -88,6 +88,7 @@ def test_end_to_end_tiny_fixed_frames(tmp_path):
             assert row[key] is not None and row[key] > 0, key
         # Stage 1's calls of this level: at least one per request (12 frames: first chunk, then the rest)
         assert row["stage1_calls"] >= 2 and 0 <= row["stage1_calls_by_pass_over"] <= row["stage1_calls"]
+        assert 0 <= row["stage1_calls_overdue"] <= row["stage1_calls"]
         for request in row["requests_detail"]:
             assert request["frames"] == 12                        # fixed frame count honoured
             assert request["audio_s"] == pytest.approx(12 * 0.08)
@@ -302,23 +303,24 @@ def test_the_worktree_id_names_the_commit_whose_files_ran(tmp_path):
 
 
 def test_engine_counters_are_counted_per_level():
-    """A level's row carries Stage 1's calls made during it and how many the pass-over bound chose, and the prompt
+    """A level's row carries Stage 1's calls made during it, how many began overdue and how many the pass-over
+    bound chose, and the prompt
     pieces found on the host or computed."""
     from types import SimpleNamespace
 
     from tts_engine.tools.bench import LevelCounters, engine_counters
 
-    engine = SimpleNamespace(pipeline=SimpleNamespace(calls=10, calls_by_pass_over=1),
+    engine = SimpleNamespace(pipeline=SimpleNamespace(calls=10, calls_overdue=2, calls_by_pass_over=1),
                              prompts=SimpleNamespace(first_rows=SimpleNamespace(hits=4, misses=2),
                                                      leads=SimpleNamespace(hits=5, misses=1)))
     counter = LevelCounters()
     assert counter.take() == {}                      # no engine in process: nothing to say
     counter.read = lambda: engine_counters(engine)
     counter.reset()                                  # a level starts
-    engine.pipeline.calls, engine.pipeline.calls_by_pass_over = 25, 3
+    engine.pipeline.calls, engine.pipeline.calls_overdue, engine.pipeline.calls_by_pass_over = 25, 6, 3
     engine.prompts.first_rows.hits, engine.prompts.leads.misses = 10, 2
-    assert counter.take() == {"stage1_calls": 15, "stage1_calls_by_pass_over": 2,
+    assert counter.take() == {"stage1_calls": 15, "stage1_calls_overdue": 4, "stage1_calls_by_pass_over": 2,
                               "prompt_rows_cached": 6, "prompt_rows_computed": 1}     # first rows 4 -> 10, leads 5
     engine.pipeline.calls = 30
-    assert counter.take() == {"stage1_calls": 5, "stage1_calls_by_pass_over": 0,
+    assert counter.take() == {"stage1_calls": 5, "stage1_calls_overdue": 0, "stage1_calls_by_pass_over": 0,
                               "prompt_rows_cached": 0, "prompt_rows_computed": 0}

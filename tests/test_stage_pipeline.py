@@ -203,8 +203,9 @@ def test_abort_drops_the_stream(decoder):
 
 def test_a_first_chunk_goes_before_chunks_already_pending(decoder):
     """Stage 1 reads its inbox between calls: a new request's first chunk, arriving while another request
-    has several 25-frame chunks pending, is decoded in the next call, not after all of them."""
-    pipeline = AsyncDecodingPipeline(decoder, torch.device("cpu"))
+    has several 25-frame chunks pending, is decoded in the next call, not after all of them: they are not due
+    yet (the clock stands still: the old stream's player has 2 s of audio ahead)."""
+    pipeline = AsyncDecodingPipeline(decoder, torch.device("cpu"), clock=lambda: 0.0)
     order: list[tuple[str, int]] = []
     all_put, new_decoded = threading.Event(), threading.Event()
     old = _stream(_codes(7), talker2code2wav_async_chunk, _connector(), "old")
@@ -249,9 +250,11 @@ class _FirstChunkSupply:
 
 
 def test_a_steady_supply_of_first_chunks_cannot_hold_a_stream_back_forever(decoder):
-    """Smaller chunks go first, but a chunk passed over `max_passed_over` times goes next: with a new request's
-    first chunk arriving at every call, another stream's pending 25-frame chunk still gets its turn."""
+    """In the smallest-first order smaller chunks go first, but a chunk passed over `max_passed_over` times goes
+    next: with a new request's first chunk arriving at every call, another stream's pending 25-frame chunk still
+    gets its turn."""
     pipeline = AsyncDecodingPipeline(decoder, torch.device("cpu"))
+    pipeline.order = "smallest"
     order: list[tuple[str, int]] = []
     all_put = threading.Event()
     old = _stream(_codes(9), talker2code2wav_async_chunk, _connector(), "old")
@@ -310,10 +313,11 @@ def test_chunks_of_one_size_go_oldest_first_not_in_the_order_streams_opened(deco
 
 
 def test_the_pass_over_bound_takes_every_other_call_at_most(decoder):
-    """Three streams hold 25-frame chunks, passed over equally often, while a new first chunk arrives at every
-    call: once they reach the bound, calls alternate between them and the first chunks, so no first chunk waits
-    for more than one of theirs (one 25-frame chunk a call here)."""
+    """Smallest-first order: three streams hold 25-frame chunks, passed over equally often, while a new first
+    chunk arrives at every call: once they reach the bound, calls alternate between them and the first chunks,
+    so no first chunk waits for more than one of theirs (one 25-frame chunk a call here)."""
     pipeline = AsyncDecodingPipeline(decoder, torch.device("cpu"), batch_limit=lambda frames: 3 if frames == 1 else 1)
+    pipeline.order = "smallest"
     order: list[tuple[str, int]] = []
     release = threading.Event()
     old_ids = ("old-a", "old-b", "old-c")
@@ -345,6 +349,87 @@ def test_the_pass_over_bound_takes_every_other_call_at_most(decoder):
     assert order[:4] == [("gate", 0), ("old-a", 0), ("old-b", 0), ("old-c", 0)]
     assert order[4:] == new[:8] + [("old-a", 1), new[8], ("old-b", 1), new[9], ("old-c", 1)] + new[10:], order
     assert pipeline.calls_by_pass_over == 3
+
+
+class _Clock:
+    """Stage 1's clock, set by the test: calls take no time on it, so the order depends only on what is set."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _started(pipeline, order: list, clock: _Clock, name: str, chunks: list[CodecChunk], at: float) -> None:
+    """Open a stream and have its first chunk delivered at `at` (its player starts then: it has that chunk's
+    frames to play); its next chunk is put afterwards, when the test sets it."""
+    clock.now = at
+    pipeline.open(name, lambda rid, idx, *rest: order.append((rid, idx)))
+    pipeline.put(chunks[0])
+    pipeline.barrier()
+
+
+@pytest.mark.parametrize("now, expected", [
+    (1.0, [("gate", 0), ("old", 1), ("new", 0)]),      # old's player ran dry at 0.08 s: its chunk goes first
+    (0.05, [("gate", 0), ("new", 0), ("old", 1)]),     # 30 ms of old's audio left: the new first chunk goes first
+])
+def test_the_chunk_due_first_goes_first_whatever_its_size(decoder, now, expected):
+    """A stream whose first frame was delivered at 0 s needs its next chunk by 0.08 s; a new request's first chunk
+    is due when it arrives. Stage 1 takes whichever is due first, though the old stream's chunk has 25 frames and
+    the new one 1 (the smallest-first order took the new one first either way)."""
+    clock = _Clock()
+    pipeline = AsyncDecodingPipeline(decoder, torch.device("cpu"), clock=clock)
+    order: list[tuple[str, int]] = []
+    release = threading.Event()
+    old = _stream(_codes(70), talker2code2wav_async_chunk, _connector(), "old")
+    new = _stream(_codes(71, 3), talker2code2wav_async_chunk, _connector(), "new")
+    gate = _stream(_codes(72, 3), talker2code2wav_async_chunk, _connector(), "gate")
+    assert old[1].new_frames == 25 and new[0].new_frames == 1
+    try:
+        _started(pipeline, order, clock, "old", old, at=0.0)
+        _gated(pipeline, order, "gate", gate[0], release)
+        clock.now = now
+        pipeline.put(old[1])
+        pipeline.open("new", lambda rid, idx, *rest: order.append((rid, idx)))
+        pipeline.put(new[0])
+        release.set()
+        pipeline.barrier()
+    finally:
+        pipeline.close()
+    assert order == [("old", 0)] + expected
+    assert pipeline.calls_overdue == (1 if now > 0.08 else 0)
+
+
+def test_a_call_takes_the_chunks_of_its_size_due_first(decoder):
+    """Three streams started at 0, 20 and 10 ms each have a 25-frame chunk pending, due 80 ms after their start,
+    and a new first chunk arrives at 0.5 s: two 25-frame chunks a call, so the first call takes the streams that
+    started at 0 and 10 ms, the next one the third (due at 0.1 s, before the first chunk that arrived at 0.5 s)."""
+    clock = _Clock()
+    pipeline = AsyncDecodingPipeline(decoder, torch.device("cpu"), clock=clock,
+                                     batch_limit=lambda frames: 2 if frames == 25 else 16)
+    order: list[tuple[str, int]] = []
+    release = threading.Event()
+    streams = {rid: _stream(_codes(80 + i), talker2code2wav_async_chunk, _connector(), rid)
+               for i, rid in enumerate(("p", "q", "r"))}
+    new = _stream(_codes(84, 3), talker2code2wav_async_chunk, _connector(), "new")
+    gate = _stream(_codes(85, 3), talker2code2wav_async_chunk, _connector(), "gate")
+    try:
+        for rid, at in (("p", 0.0), ("q", 0.02), ("r", 0.01)):
+            _started(pipeline, order, clock, rid, streams[rid], at)
+        _gated(pipeline, order, "gate", gate[0], release)
+        clock.now = 0.5
+        for rid in ("q", "p", "r"):          # arrival order does not matter: when each is due does
+            pipeline.put(streams[rid][1])
+        pipeline.open("new", lambda rid, idx, *rest: order.append((rid, idx)))
+        pipeline.put(new[0])
+        calls_before = pipeline.calls
+        release.set()
+        pipeline.barrier()
+    finally:
+        pipeline.close()
+    assert order[4:] == [("p", 1), ("r", 1), ("q", 1), ("new", 0)], order
+    assert pipeline.calls - calls_before == 3
 
 
 @pytest.mark.parametrize("state_table", [True, False])

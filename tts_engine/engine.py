@@ -95,7 +95,7 @@ class TTSEngine:
         self.pipeline = AsyncDecodingPipeline(
             self.decoder, self.decoder_device, mode=d.decode_mode, max_batch_size=d.max_batch_size,
             left_context_size=d.left_context_size, graph_shapes=d.graph_shapes(), batch_limit=d.batch_limit,
-            on_death=self._stage_died)
+            on_death=self._stage_died, sample_rate=SAMPLE_RATE)
         self.talker = TalkerStage(self.talker_engine, config, self.device, on_death=self._stage_died,
                                   high_priority=t.high_priority_steps, early_handover=t.early_handover)
 

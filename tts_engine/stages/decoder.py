@@ -10,9 +10,11 @@ same length; each request's chunks are always decoded in order.
 On CUDA the decoder runs on its own stream, so its kernels overlap the talker's instead of queueing
 behind them on the default stream; a chunk's codes carry an event recorded where they were made.
 Steps replay CUDA graphs (`Code2WavDecoder.enable_cuda_graphs`) for every chunk size and remainder and
-batch buckets up to what a call may hold, and each round is one call on the smallest pending chunks (oldest
-first; a chunk passed over 8 times gets every other call), so a new request's first chunk waits for the call
-in progress and at most one more, not behind every stream's 25-frame chunks.
+batch buckets up to what a call may hold, and each round is one call, taken by the pending chunk due first:
+a new request's first chunk is due when it arrives, a stream's next chunk when a player that started at its
+first audio runs out of what it has. So a first chunk waits for the call in progress and the chunks that
+are about to run dry, not behind every stream's 25-frame chunks, and no stream's chunk is held back behind
+smaller ones while its player starves (the order before: smallest chunks first, `order = "smallest"`).
 
 Threads: commands (`open`, `put`, `abort`, `barrier`) come from any thread through one queue; only
 the `tts-stage1` thread touches `_streams` and the decoder; `on_output` callbacks run on it.
@@ -24,6 +26,7 @@ import contextlib
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -51,7 +54,10 @@ class _Stream:
     history: torch.Tensor | None = None          # context mode: frames available as left context
     pending: list[CodecChunk] = field(default_factory=list)
     arrivals: list[int] = field(default_factory=list)   # the pending chunks' arrival numbers (oldest first)
+    arrived_s: list[float] = field(default_factory=list)   # and their arrival times (the pipeline's clock)
     passed_over: int = 0     # calls that took smaller chunks ahead of this stream's oldest pending one
+    first_out_s: float | None = None     # when its first audio was delivered (its player's start)
+    frames_out: int = 0                  # frames delivered so far
 
 
 class AsyncDecodingPipeline:
@@ -59,7 +65,8 @@ class AsyncDecodingPipeline:
                  max_batch_size: int = 16, left_context_size: int = 25,
                  graph_shapes: list[tuple[int, int]] | None = None,
                  batch_limit: Callable[[int], int] | None = None,
-                 on_death: Callable[[BaseException], None] | None = None):
+                 on_death: Callable[[BaseException], None] | None = None,
+                 sample_rate: int = 24000, clock: Callable[[], float] = time.perf_counter):
         if mode not in ("exact", "context"):
             raise ValueError(f"decode mode must be 'exact' or 'context', got {mode!r}")
         self.decoder = decoder
@@ -68,6 +75,8 @@ class AsyncDecodingPipeline:
         self.max_batch_size = max_batch_size
         self.left_context_size = left_context_size
         self.samples_per_frame = decoder.samples_per_frame
+        self.frame_s = decoder.samples_per_frame / sample_rate      # audio one frame plays for
+        self.clock = clock
         self._streams: dict[str, _Stream] = {}
         self._inbox: queue.Queue = queue.Queue()
         self._stop = threading.Event()
@@ -81,16 +90,23 @@ class AsyncDecodingPipeline:
         self.first_chunk_stream: torch.cuda.Stream | None = None
         self._priority_stream: torch.cuda.Stream | None = None
         self.batch_limit = batch_limit or (lambda frames: max_batch_size)
-        # the old loop, for the bench (variant `stage1-drain-pending`; the pass-over bound below applies there too)
+        # the old loop, for the bench (variant `stage1-drain-pending`)
         self.drain_pending = False
-        # Smaller chunks go first (a new request's first chunk: time to first audio), but a chunk passed over
-        # this many times goes next, every other call, so a steady supply of small chunks cannot hold a stream's
-        # chunk forever and a first chunk waits for at most one such call.
+        # Which chunks a call takes (see `_decode_round`): "due" (the chunk due first, and the chunks of its size
+        # due next) or "smallest" (the order before the eleventh pass; bench variant `stage1-smallest-first`).
+        self.order = "due"
+        # "smallest": smaller chunks go first (a new request's first chunk: time to first audio), but a chunk
+        # passed over this many times goes next, every other call, so a steady supply of small chunks cannot
+        # hold a stream's chunk forever and a first chunk waits for at most one such call.
         self.max_passed_over = 8
         self._last_by_pass_over = False
         self._arrivals = 0
-        self.calls = 0                  # decode calls made, and how many of them the bound above chose (the
-        self.calls_by_pass_over = 0     # bench reports both per level; written by Stage 1's thread only)
+        # "due": a stream's next chunk counts as due this much before its player runs dry: the time a call
+        # takes (a running mean), since the call that takes it must also end before then
+        self.call_s = 0.0
+        self.calls = 0                  # decode calls made; of them, how many the pass-over bound chose ("smallest")
+        self.calls_by_pass_over = 0     # and how many began with the chunk they were for already overdue ("due"):
+        self.calls_overdue = 0          # the bench reports them per level; written by Stage 1's thread only
         if self._stream is not None and mode == "exact" and graph_shapes:
             decoder.enable_cuda_graphs(graph_shapes)
         # Exact mode keeps the streams' decoder states as rows of one table per layer, so a batched call costs
@@ -188,6 +204,7 @@ class AsyncDecodingPipeline:
             if stream is not None:          # chunks of aborted requests are dropped
                 stream.pending.append(payload)
                 stream.arrivals.append(self._arrivals)
+                stream.arrived_s.append(self.clock())
                 self._arrivals += 1
         elif kind == "abort":
             self._forget(request_id)
@@ -219,38 +236,62 @@ class AsyncDecodingPipeline:
             stream.history = context.to(self.device)
 
     def _decode_round(self) -> None:
-        """Decode one call's worth: among the streams' oldest pending chunks, the group with the fewest
-        new frames (a new request's first chunk first: time to first audio), up to `batch_limit` of them,
-        the oldest chunks first. Every other call at most, a chunk passed over for smaller ones
-        `max_passed_over` times takes the call for its group instead (a steady supply of small chunks must
-        not hold it back forever). One call per round, so the loop takes new commands between calls and a first
-        chunk that arrives while big chunks are pending waits for the call in progress (and at most one
-        call that the bound chose), not for all of them."""
-        groups: dict[int, list[tuple[str, _Stream]]] = {}
-        for rid, stream in self._streams.items():
-            if stream.pending:
-                groups.setdefault(stream.pending[0].new_frames, []).append((rid, stream))
-        if not groups:
+        """Decode one call's worth: the streams' oldest pending chunks of one size (one batched call), chosen by
+        `order`, up to `batch_limit` of them. One call per round, so the loop takes new commands between calls
+        and a chunk that arrives while many are pending is weighed against them at the next call."""
+        heads = [(rid, stream) for rid, stream in self._streams.items() if stream.pending]
+        if not heads:
             return
+        frames, members = self._due_first(heads) if self.order == "due" else self._smallest_first(heads)
+        self.calls += 1
+        batch = []
+        for rid, stream in members[:self.batch_limit(frames)]:
+            stream.arrivals.pop(0)
+            stream.arrived_s.pop(0)
+            stream.passed_over = 0
+            batch.append((rid, stream, stream.pending.pop(0)))
+        self._decode_batch(batch, frames)
+
+    def _due(self, stream: _Stream) -> float:
+        """When the stream's oldest pending chunk is needed: a first chunk at once (it arrived: time to first
+        audio), any other when a player that started at the first audio, with no pre-buffer, has played every
+        frame delivered so far, less the time a call takes."""
+        if stream.first_out_s is None:
+            return stream.arrived_s[0]
+        return stream.first_out_s + stream.frames_out * self.frame_s - self.call_s
+
+    def _due_first(self, heads: list[tuple[str, _Stream]]) -> tuple[int, list[tuple[str, _Stream]]]:
+        """The chunk due first decides the call's size; the chunks of that size fill it, those due first
+        first (same due: the older first). Chunks of other sizes wait for a later call, however small."""
+        def due(member):
+            return self._due(member[1]), member[1].arrivals[0]
+        first = min(heads, key=due)
+        if first[1].first_out_s is not None and self._due(first[1]) + self.call_s < self.clock():
+            self.calls_overdue += 1
+        frames = first[1].pending[0].new_frames
+        return frames, sorted((m for m in heads if m[1].pending[0].new_frames == frames), key=due)
+
+    def _smallest_first(self, heads: list[tuple[str, _Stream]]) -> tuple[int, list[tuple[str, _Stream]]]:
+        """Among the streams' oldest pending chunks, the group with the fewest new frames (a new request's first
+        chunk first), the oldest chunks first. Every other call at most, a chunk passed over for smaller ones
+        `max_passed_over` times takes the call for its group instead (a steady supply of small chunks must
+        not hold it back forever), so a first chunk that arrives while big chunks are pending waits for the
+        call in progress and at most one call that the bound chose."""
+        groups: dict[int, list[tuple[str, _Stream]]] = {}
+        for rid, stream in heads:
+            groups.setdefault(stream.pending[0].new_frames, []).append((rid, stream))
         frames = smallest = min(groups)
-        held = max((stream for group in groups.values() for _, stream in group), key=lambda s: s.passed_over)
+        held = max((stream for _, stream in heads), key=lambda s: s.passed_over)
         if held.passed_over >= self.max_passed_over and not self._last_by_pass_over:
             frames = held.pending[0].new_frames
         self._last_by_pass_over = frames != smallest
-        self.calls += 1
         if self._last_by_pass_over:
             self.calls_by_pass_over += 1
         for size, group in groups.items():
             if size > frames:
                 for _, stream in group:
                     stream.passed_over += 1
-        members = sorted(groups[frames], key=lambda m: (-m[1].passed_over, m[1].arrivals[0]))
-        batch = []
-        for rid, stream in members[:self.batch_limit(frames)]:
-            stream.arrivals.pop(0)
-            stream.passed_over = 0
-            batch.append((rid, stream, stream.pending.pop(0)))
-        self._decode_batch(batch, frames)
+        return frames, sorted(groups[frames], key=lambda m: (-m[1].passed_over, m[1].arrivals[0]))
 
     def _decode_batch(self, batch: list, frames: int) -> None:
         """Decode and deliver; a failing batch is retried one stream at a time, so a bad request fails
@@ -258,6 +299,7 @@ class AsyncDecodingPipeline:
         for _, stream, chunk in batch:
             if stream.on_decode_start is not None:
                 stream.on_decode_start(chunk.chunk_idx)
+        started = self.clock()
         try:
             audio = self._decode(batch, frames)
         except Exception as exc:
@@ -271,7 +313,12 @@ class AsyncDecodingPipeline:
             self._forget(rid)
             stream.on_output(rid, chunk.chunk_idx, np.zeros(0, np.float32), True, f"decoder failed: {exc}")
             return
+        done = self.clock()
+        self.call_s = done - started if not self.call_s else 0.8 * self.call_s + 0.2 * (done - started)
         for (rid, stream, chunk), wav in zip(batch, audio):
+            if stream.first_out_s is None:
+                stream.first_out_s = done
+            stream.frames_out += chunk.new_frames
             if chunk.finished:
                 self._forget(rid)
             stream.on_output(rid, chunk.chunk_idx, wav, chunk.finished, None)

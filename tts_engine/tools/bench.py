@@ -288,9 +288,10 @@ STEPS = StageZeroSteps()
 
 class LevelCounters:
     """Engine counters per level: what `read` returns at the level's end minus what it returned at its start.
-    Stage 1's decode calls and how many of them its pass-over bound chose (`AsyncDecodingPipeline.max_passed_over`:
-    whether the bound acts at a level at all); the prompt builder's host pieces found and computed (a computed one
-    waited for the GPU: `PromptBuilder.first_rows`, `leads`)."""
+    Stage 1's decode calls, how many of them began with the chunk they were for already overdue (its player
+    had run dry: `AsyncDecodingPipeline.calls_overdue`) and how many the pass-over bound of the smallest-first
+    order chose (`max_passed_over`: whether the bound acts at a level at all); the prompt builder's host pieces
+    found and computed (a computed one waited for the GPU: `PromptBuilder.first_rows`, `leads`)."""
 
     def __init__(self):
         self.read: Callable[[], dict[str, int]] | None = None
@@ -310,7 +311,8 @@ class LevelCounters:
 
 def engine_counters(engine) -> dict[str, int]:
     prompts, pipeline = engine.prompts, engine.pipeline
-    return {"stage1_calls": pipeline.calls, "stage1_calls_by_pass_over": pipeline.calls_by_pass_over,
+    return {"stage1_calls": pipeline.calls, "stage1_calls_overdue": pipeline.calls_overdue,
+            "stage1_calls_by_pass_over": pipeline.calls_by_pass_over,
             "prompt_rows_cached": prompts.first_rows.hits + prompts.leads.hits,
             "prompt_rows_computed": prompts.first_rows.misses + prompts.leads.misses}
 
@@ -507,6 +509,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # each Stage 1 stream keeps a decoder state of its own (before the tenth pass): a batched call concatenates
     # every buffer in and slices every stream's out, instead of one gather and one scatter per buffer
     "stage1-per-stream-states": {"stage1_state_table": False},
+    # Stage 1 takes the smallest pending chunks first (a chunk passed over 8 times gets every other call; before
+    # the eleventh pass), not the chunk due first
+    "stage1-smallest-first": {"stage1_order": "smallest"},
 }
 
 
@@ -599,6 +604,9 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
             limits = engine.pipeline.batch_limit.__self__
             previous[key] = limits.max_batch_frames
             engine.pipeline.batch_limit = dataclasses.replace(limits, max_batch_frames=value).batch_limit
+        elif key == "stage1_order":
+            previous[key] = engine.pipeline.order
+            engine.pipeline.order = value
         elif key == "stage1_drain_pending":
             previous[key] = engine.pipeline.drain_pending
             engine.pipeline.drain_pending = value
