@@ -530,6 +530,9 @@ ENGINE_VARIANTS: dict[str, dict[str, Any]] = {
     # a candidate for a burst of joins (switched on): a budget every step of which fits 512-token graphs
     # (measured: BENCHMARKS seventh pass, not adopted)
     "talker-budget-512": {"max_batched_tokens": 512},
+    # a candidate for a burst of joins (switched on): 4,096 tokens a step, graphs to match (which needs sequences
+    # that long: max_model_len 4,096), so a burst of 64 prompts prefills in two steps, not three
+    "talker-budget-4096": {"max_batched_tokens": 4096, "cudagraph_max_tokens": 4096, "max_model_len": 4096},
 }
 
 
