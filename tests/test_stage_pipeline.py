@@ -401,6 +401,42 @@ def test_the_chunk_due_first_goes_first_whatever_its_size(decoder, now, expected
     assert pipeline.calls_overdue == (1 if now > 0.08 else 0)
 
 
+def test_a_chunk_falls_due_a_recent_calls_mean_and_longest_early(decoder):
+    """Calls are not pre-empted, so a chunk must be taken before the call in progress could end past its due time:
+    after calls of 20, 40 and 0 ms the lead is 20 + 40 ms. The old stream's first frame was delivered at 20 ms, so
+    its player runs dry at 100 ms and its next chunk counts as due at 40 ms: before a first chunk that arrives at
+    70 ms (with a call's mean alone as the lead, it would count as due at 80 ms and go after it)."""
+    clock = _Clock()
+    pipeline = AsyncDecodingPipeline(decoder, torch.device("cpu"), clock=clock)
+    durations = [0.02, 0.04]
+    decode = pipeline._decode
+
+    def timed_decode(batch, frames):
+        clock.now += durations.pop(0) if durations else 0.0
+        return decode(batch, frames)
+
+    pipeline._decode = timed_decode
+    order: list[tuple[str, int]] = []
+    release = threading.Event()
+    old = _stream(_codes(90), talker2code2wav_async_chunk, _connector(), "old")
+    other, new, gate = (_stream(_codes(91 + i, 3), talker2code2wav_async_chunk, _connector(), rid)
+                        for i, rid in enumerate(("other", "new", "gate")))
+    try:
+        _started(pipeline, order, clock, "old", old, at=0.0)         # a call of 20 ms: delivered at 0.02 s
+        _started(pipeline, order, clock, "other", other, at=0.02)    # a call of 40 ms
+        _gated(pipeline, order, "gate", gate[0], release)           # a call of 0 ms, once released
+        clock.now = 0.07
+        pipeline.put(old[1])
+        pipeline.open("new", lambda rid, idx, *rest: order.append((rid, idx)))
+        pipeline.put(new[0])
+        release.set()
+        pipeline.barrier()
+    finally:
+        pipeline.close()
+    assert order[3:] == [("old", 1), ("new", 0)], order
+    assert pipeline.lead_s == pytest.approx((0.02 + 0.04 + 0.0 + 0.0 + 0.0) / 5 + 0.04)
+
+
 def test_a_call_takes_the_chunks_of_its_size_due_first(decoder):
     """Three streams started at 0, 20 and 10 ms each have a 25-frame chunk pending, due 80 ms after their start,
     and a new first chunk arrives at 0.5 s: two 25-frame chunks a call, so the first call takes the streams that

@@ -22,6 +22,7 @@ the `tts-stage1` thread touches `_streams` and the decoder; `on_output` callback
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import queue
@@ -101,9 +102,12 @@ class AsyncDecodingPipeline:
         self.max_passed_over = 8
         self._last_by_pass_over = False
         self._arrivals = 0
-        # "due": a stream's next chunk counts as due this much before its player runs dry: the time a call
-        # takes (a running mean), since the call that takes it must also end before then
-        self.call_s = 0.0
+        # "due": a stream's next chunk counts as due `lead_s` before its player runs dry: the call that takes it
+        # must end by then, and calls are not pre-empted, so the lead is a call's time (the mean of the recent
+        # ones) plus the longest recent one (the call in progress when the chunk falls due; with the mean alone,
+        # closed 64 on the H200 still had groups of ~20 streams underrun by 4-28 ms at their third chunk)
+        self._call_times: collections.deque[float] = collections.deque(maxlen=32)
+        self.lead_s = 0.0
         self.calls = 0                  # decode calls made; of them, how many the pass-over bound chose ("smallest")
         self.calls_by_pass_over = 0     # and how many began with the chunk they were for already overdue ("due"):
         self.calls_overdue = 0          # the bench reports them per level; written by Stage 1's thread only
@@ -255,10 +259,10 @@ class AsyncDecodingPipeline:
     def _due(self, stream: _Stream) -> float:
         """When the stream's oldest pending chunk is needed: a first chunk at once (it arrived: time to first
         audio), any other when a player that started at the first audio, with no pre-buffer, has played every
-        frame delivered so far, less the time a call takes."""
+        frame delivered so far, less `lead_s`."""
         if stream.first_out_s is None:
             return stream.arrived_s[0]
-        return stream.first_out_s + stream.frames_out * self.frame_s - self.call_s
+        return stream.first_out_s + stream.frames_out * self.frame_s - self.lead_s
 
     def _due_first(self, heads: list[tuple[str, _Stream]]) -> tuple[int, list[tuple[str, _Stream]]]:
         """The chunk due first decides the call's size; the chunks of that size fill it, those due first
@@ -266,7 +270,7 @@ class AsyncDecodingPipeline:
         def due(member):
             return self._due(member[1]), member[1].arrivals[0]
         first = min(heads, key=due)
-        if first[1].first_out_s is not None and self._due(first[1]) + self.call_s < self.clock():
+        if first[1].first_out_s is not None and self._due(first[1]) + self.lead_s < self.clock():
             self.calls_overdue += 1
         frames = first[1].pending[0].new_frames
         return frames, sorted((m for m in heads if m[1].pending[0].new_frames == frames), key=due)
@@ -314,7 +318,8 @@ class AsyncDecodingPipeline:
             stream.on_output(rid, chunk.chunk_idx, np.zeros(0, np.float32), True, f"decoder failed: {exc}")
             return
         done = self.clock()
-        self.call_s = done - started if not self.call_s else 0.8 * self.call_s + 0.2 * (done - started)
+        self._call_times.append(done - started)
+        self.lead_s = sum(self._call_times) / len(self._call_times) + max(self._call_times)
         for (rid, stream, chunk), wav in zip(batch, audio):
             if stream.first_out_s is None:
                 stream.first_out_s = done
