@@ -401,11 +401,16 @@ def test_the_chunk_due_first_goes_first_whatever_its_size(decoder, now, expected
     assert pipeline.calls_overdue == (1 if now > 0.08 else 0)
 
 
-def test_a_chunk_falls_due_a_recent_calls_mean_and_longest_early(decoder):
-    """Calls are not pre-empted, so a chunk must be taken before the call in progress could end past its due time:
-    after calls of 20, 40 and 0 ms the lead is 20 + 40 ms. The old stream's first frame was delivered at 20 ms, so
-    its player runs dry at 100 ms and its next chunk counts as due at 40 ms: before a first chunk that arrives at
-    70 ms (with a call's mean alone as the lead, it would count as due at 80 ms and go after it)."""
+@pytest.mark.parametrize("arrives, expected", [
+    (0.09, [("old", 1), ("new", 0)]),     # after the old chunk's due time less the lead: the old chunk first
+    (0.07, [("new", 0), ("old", 1)]),     # before it: the first chunk first
+])
+def test_a_chunk_falls_due_a_mean_recent_call_early(decoder, arrives, expected):
+    """The call that takes a chunk must end before its player runs dry, so the chunk counts as due a running
+    mean of the calls' times early (each new call weighs a fifth): after calls of 20, 40 and 0 ms, 19.2 ms. The
+    old stream's first frame was delivered at 20 ms, so its player runs dry at 100 ms and its next chunk counts as
+    due at 80.8 ms: after a first chunk that arrived at 70 ms, before one that arrived at 90 ms (with no lead it
+    would go after both; with the longest call added to the lead, before both)."""
     clock = _Clock()
     pipeline = AsyncDecodingPipeline(decoder, torch.device("cpu"), clock=clock)
     durations = [0.02, 0.04]
@@ -425,7 +430,7 @@ def test_a_chunk_falls_due_a_recent_calls_mean_and_longest_early(decoder):
         _started(pipeline, order, clock, "old", old, at=0.0)         # a call of 20 ms: delivered at 0.02 s
         _started(pipeline, order, clock, "other", other, at=0.02)    # a call of 40 ms
         _gated(pipeline, order, "gate", gate[0], release)           # a call of 0 ms, once released
-        clock.now = 0.07
+        clock.now = arrives
         pipeline.put(old[1])
         pipeline.open("new", lambda rid, idx, *rest: order.append((rid, idx)))
         pipeline.put(new[0])
@@ -433,8 +438,8 @@ def test_a_chunk_falls_due_a_recent_calls_mean_and_longest_early(decoder):
         pipeline.barrier()
     finally:
         pipeline.close()
-    assert order[3:] == [("old", 1), ("new", 0)], order
-    assert pipeline.lead_s == pytest.approx((0.02 + 0.04 + 0.0 + 0.0 + 0.0) / 5 + 0.04)
+    assert order[3:] == expected, order
+    assert pipeline.lead_s == pytest.approx((0.8 * 0.02 + 0.2 * 0.04) * 0.8 ** 3)   # then three calls of 0 ms
 
 
 def test_a_call_takes_the_chunks_of_its_size_due_first(decoder):

@@ -22,7 +22,6 @@ the `tts-stage1` thread touches `_streams` and the decoder; `on_output` callback
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import queue
@@ -102,12 +101,13 @@ class AsyncDecodingPipeline:
         self.max_passed_over = 8
         self._last_by_pass_over = False
         self._arrivals = 0
-        # "due": a stream's next chunk counts as due `lead_s` before its player runs dry: the call that takes it
-        # must end by then, and calls are not pre-empted, so the lead is a call's time (the mean of the recent
-        # ones) plus the longest recent one (the call in progress when the chunk falls due; with the mean alone,
-        # closed 64 on the H200 still had groups of ~20 streams underrun by 4-28 ms at their third chunk)
-        self._call_times: collections.deque[float] = collections.deque(maxlen=32)
+        # "due": a stream's next chunk counts as due `lead_s` before its player runs dry, a running mean of the
+        # calls' times (each new call weighs a fifth), since the call that takes it must end by then. (Calls are not pre-empted, so a call in progress
+        # can still push a chunk past its due time; a lead of the mean plus the longest recent call, which covers
+        # that, did worse on the H200: closed 128 had 211 vs 21-42 of 256 streams underrun, with more and smaller
+        # calls, and closed 64's first chunk p50 rose ~30 ms; BENCHMARKS.md, eleventh pass)
         self.lead_s = 0.0
+        self._timed_calls = 0
         self.calls = 0                  # decode calls made; of them, how many the pass-over bound chose ("smallest")
         self.calls_by_pass_over = 0     # and how many began with the chunk they were for already overdue ("due"):
         self.calls_overdue = 0          # the bench reports them per level; written by Stage 1's thread only
@@ -318,8 +318,8 @@ class AsyncDecodingPipeline:
             stream.on_output(rid, chunk.chunk_idx, np.zeros(0, np.float32), True, f"decoder failed: {exc}")
             return
         done = self.clock()
-        self._call_times.append(done - started)
-        self.lead_s = sum(self._call_times) / len(self._call_times) + max(self._call_times)
+        self.lead_s = done - started if not self._timed_calls else 0.8 * self.lead_s + 0.2 * (done - started)
+        self._timed_calls += 1
         for (rid, stream, chunk), wav in zip(batch, audio):
             if stream.first_out_s is None:
                 stream.first_out_s = done
