@@ -370,6 +370,20 @@ def _started(pipeline, order: list, clock: _Clock, name: str, chunks: list[Codec
     pipeline.barrier()
 
 
+def _old_and_new_arrive(pipeline, order: list, clock: _Clock, old_next: CodecChunk, new_first: CodecChunk,
+                        gate_first: CodecChunk, at: float) -> None:
+    """While a gate stream's call holds Stage 1, at `at` an old stream's next chunk and a new request's first chunk
+    ("new") arrive; then Stage 1 goes on and decodes everything, so the order shows which it took first."""
+    release = threading.Event()
+    _gated(pipeline, order, "gate", gate_first, release)
+    clock.now = at
+    pipeline.put(old_next)
+    pipeline.open("new", lambda rid, idx, *rest: order.append((rid, idx)))
+    pipeline.put(new_first)
+    release.set()
+    pipeline.barrier()
+
+
 @pytest.mark.parametrize("now, expected", [
     (1.0, [("gate", 0), ("old", 1), ("new", 0)]),      # old's player ran dry at 0.08 s: its chunk goes first
     (0.05, [("gate", 0), ("new", 0), ("old", 1)]),     # 30 ms of old's audio left: the new first chunk goes first
@@ -381,20 +395,13 @@ def test_the_chunk_due_first_goes_first_whatever_its_size(decoder, now, expected
     clock = _Clock()
     pipeline = AsyncDecodingPipeline(decoder, torch.device("cpu"), clock=clock)
     order: list[tuple[str, int]] = []
-    release = threading.Event()
     old = _stream(_codes(70), talker2code2wav_async_chunk, _connector(), "old")
     new = _stream(_codes(71, 3), talker2code2wav_async_chunk, _connector(), "new")
     gate = _stream(_codes(72, 3), talker2code2wav_async_chunk, _connector(), "gate")
     assert old[1].new_frames == 25 and new[0].new_frames == 1
     try:
         _started(pipeline, order, clock, "old", old, at=0.0)
-        _gated(pipeline, order, "gate", gate[0], release)
-        clock.now = now
-        pipeline.put(old[1])
-        pipeline.open("new", lambda rid, idx, *rest: order.append((rid, idx)))
-        pipeline.put(new[0])
-        release.set()
-        pipeline.barrier()
+        _old_and_new_arrive(pipeline, order, clock, old[1], new[0], gate[0], at=now)
     finally:
         pipeline.close()
     assert order == [("old", 0)] + expected
@@ -422,20 +429,13 @@ def test_a_chunk_falls_due_a_mean_recent_call_early(decoder, arrives, expected):
 
     pipeline._decode = timed_decode
     order: list[tuple[str, int]] = []
-    release = threading.Event()
     old = _stream(_codes(90), talker2code2wav_async_chunk, _connector(), "old")
     other, new, gate = (_stream(_codes(91 + i, 3), talker2code2wav_async_chunk, _connector(), rid)
                         for i, rid in enumerate(("other", "new", "gate")))
     try:
         _started(pipeline, order, clock, "old", old, at=0.0)         # a call of 20 ms: delivered at 0.02 s
         _started(pipeline, order, clock, "other", other, at=0.02)    # a call of 40 ms
-        _gated(pipeline, order, "gate", gate[0], release)           # a call of 0 ms, once released
-        clock.now = arrives
-        pipeline.put(old[1])
-        pipeline.open("new", lambda rid, idx, *rest: order.append((rid, idx)))
-        pipeline.put(new[0])
-        release.set()
-        pipeline.barrier()
+        _old_and_new_arrive(pipeline, order, clock, old[1], new[0], gate[0], at=arrives)   # the gate: 0 ms
     finally:
         pipeline.close()
     assert order[3:] == expected, order

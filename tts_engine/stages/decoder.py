@@ -102,10 +102,11 @@ class AsyncDecodingPipeline:
         self._last_by_pass_over = False
         self._arrivals = 0
         # "due": a stream's next chunk counts as due `lead_s` before its player runs dry, a running mean of the
-        # calls' times (each new call weighs a fifth), since the call that takes it must end by then. (Calls are not pre-empted, so a call in progress
-        # can still push a chunk past its due time; a lead of the mean plus the longest recent call, which covers
-        # that, did worse on the H200: closed 128 had 211 vs 21-42 of 256 streams underrun, with more and smaller
-        # calls, and closed 64's first chunk p50 rose ~30 ms; BENCHMARKS.md, eleventh pass)
+        # calls' times (each new call weighs a fifth), since the call that takes it must end by then. (Calls are
+        # not pre-empted, so a call in progress can still push a chunk past its due time; a lead of the mean plus
+        # the longest recent call, which covers that, did worse on the H200: closed 128 had 211 vs 21-42 of 256
+        # streams underrun, with more and smaller calls, and closed 64's first chunk p50 rose ~30 ms; BENCHMARKS.md,
+        # eleventh pass)
         self.lead_s = 0.0
         self._timed_calls = 0
         self.calls = 0                  # decode calls made; of them, how many the pass-over bound chose ("smallest")
