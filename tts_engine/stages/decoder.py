@@ -109,9 +109,11 @@ class AsyncDecodingPipeline:
         # eleventh pass)
         self.lead_s = 0.0
         self._timed_calls = 0
-        self.calls = 0                  # decode calls made; of them, how many the pass-over bound chose ("smallest")
-        self.calls_by_pass_over = 0     # and how many began with the chunk they were for already overdue ("due"):
-        self.calls_overdue = 0          # the bench reports them per level; written by Stage 1's thread only
+        # decode calls made; of them, how many the pass-over bound chose ("smallest") and how many began with the
+        # chunk they were for already overdue ("due"); the bench reports them per level; Stage 1's thread writes them
+        self.calls = 0
+        self.calls_by_pass_over = 0
+        self.calls_overdue = 0
         if self._stream is not None and mode == "exact" and graph_shapes:
             decoder.enable_cuda_graphs(graph_shapes)
         # Exact mode keeps the streams' decoder states as rows of one table per layer, so a batched call costs

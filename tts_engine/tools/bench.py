@@ -531,7 +531,8 @@ ENGINE_VARIANTS: dict[str, dict[str, Any]] = {
     # (measured: BENCHMARKS seventh pass, not adopted)
     "talker-budget-512": {"max_batched_tokens": 512},
     # a candidate for a burst of joins (switched on): 4,096 tokens a step, graphs to match (which needs sequences
-    # that long: max_model_len 4,096), so a burst of 64 prompts prefills in two steps, not three
+    # that long: max_model_len 4,096), so a burst of 64 prompts prefills in two steps, not three (measured:
+    # BENCHMARKS eleventh pass, the first frames came no sooner; not adopted)
     "talker-budget-4096": {"max_batched_tokens": 4096, "cudagraph_max_tokens": 4096, "max_model_len": 4096},
 }
 
