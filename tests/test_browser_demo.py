@@ -73,15 +73,17 @@ def run(coro, limit_s: float):
     return asyncio.run(asyncio.wait_for(coro, limit_s))
 
 
-async def until(probe, what: str, limit_s: float, every_s: float = 0.05):
-    """Poll `probe()` (async) until it returns something truthy; fail naming `what` after `limit_s`."""
+async def until(probe, what: str, limit_s: float, every_s: float = 0.05, seen=None):
+    """Poll `probe()` (async) until it returns something truthy; fail naming `what` after `limit_s`, with what
+    `seen()` (async, optional) says the page shows then (these waits time out rarely; the note says which)."""
     deadline = time.monotonic() + limit_s
     while True:
         value = await probe()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {limit_s:.0f} s waiting for {what}")
+            shown = f"; {await seen()}" if seen is not None else ""
+            raise AssertionError(f"timed out after {limit_s:.0f} s waiting for {what}{shown}")
         await asyncio.sleep(every_s)   # polling interval of a state wait, not a stand-in for one
 
 
@@ -131,7 +133,7 @@ class DemoPage:
         """Speak; returns the index of the connection it opens."""
         before = len(await self.pcs())
         await self.speak.click()
-        await until(lambda: self._more_pcs(before), "a new WebRTC connection after Speak", 30)
+        await until(lambda: self._more_pcs(before), "a new WebRTC connection after Speak", 30, seen=self.shows)
         return before
 
     async def _more_pcs(self, n: int) -> bool:
@@ -144,7 +146,12 @@ class DemoPage:
         async def probe():
             real = await self.real(index)
             return real if real >= samples else None
-        return await until(probe, f"{samples / SR:.2f} s of audio on connection {index}", limit_s)
+        return await until(probe, f"{samples / SR:.2f} s of audio on connection {index}", limit_s, seen=self.shows)
+
+    async def shows(self) -> str:
+        """What the page shows: its status, its messages and its connections (for a wait's failure)."""
+        return f"the status says {await self.status()!r}, messages {await self.page.evaluate(TOASTS)}, " \
+               f"connections {await self.pcs()}"
 
     async def settled(self, index: int, quiet_s: float = 1.0, limit_s: float = 30) -> int:
         """The connection's audio count once it has stopped growing for `quiet_s` (or it closed)."""
@@ -212,7 +219,8 @@ def test_speak_finish_speak_stop_speak_five_times(live_app, shots, capsys, tmp_p
         heard = await demo.settled(pc)
         assert heard >= 2 * SR, f"{step}: only {heard / SR:.2f} s of a 3 s utterance arrived"
         assert await demo.page.get_by_text("Uploading").count() == 0, f"{step}: 'Uploading…' rows in the download box"
-        await until(lambda: _closed(demo, pc), f"{step}: the connection to close after the utterance", 10)
+        await until(lambda: _closed(demo, pc), f"{step}: the connection to close after the utterance", 10,
+                    seen=demo.shows)
         assert not await demo.wave_moving(), f"{step}: the waveform still moves after the audio ended"
         if shoot:
             await demo.shot(shots, "finished")
@@ -226,7 +234,7 @@ def test_speak_finish_speak_stop_speak_five_times(live_app, shots, capsys, tmp_p
         await demo.wait_status(r"Stopped", limit_s=10)
         after = await demo.settled(pc) - at_stop
         assert after < AFTER_STOP_LIMIT, f"{step}: {after / SR:.2f} s of audio arrived after Stop"
-        await until(lambda: _closed(demo, pc), f"{step}: the connection to close after Stop", 10)
+        await until(lambda: _closed(demo, pc), f"{step}: the connection to close after Stop", 10, seen=demo.shows)
         assert not await demo.wave_moving(), f"{step}: the waveform still moves after Stop"
         if shoot:
             await demo.shot(shots, "stopped")
@@ -374,7 +382,7 @@ def test_empty_text_and_junk_upload_messages(live_app, shots, tmp_path):
             demo = await DemoPage.open(browser, live_app)
             await demo.page.get_by_label("Text").fill("   ")
             await demo.speak.click()
-            await until(lambda: _toasts_with(demo, "text is empty"), "the empty-text message", 30)
+            await until(lambda: _toasts_with(demo, "text is empty"), "the empty-text message", 30, seen=demo.shows)
             await _toast_shown(demo, "text is empty")
             # A second message came from a stream started anyway; watch long enough for one to connect.
             seen: set[str] = set()
@@ -393,7 +401,8 @@ def test_empty_text_and_junk_upload_messages(live_app, shots, tmp_path):
             await demo.page.locator("input[type=file]").first.set_input_files(str(junk))
             await demo.page.get_by_label("Voice name").fill("junk")
             await demo.page.get_by_role("button", name="Create voice").click()
-            found = await until(lambda: _toasts_with(demo, "reference audio"), "the junk-upload message", 60)
+            found = await until(lambda: _toasts_with(demo, "reference audio"), "the junk-upload message", 60,
+                                seen=demo.shows)
             await _toast_shown(demo, "reference audio")
             await demo.shot(shots, "error_junk_upload")
             await browser.close()
