@@ -53,8 +53,8 @@ class _Stream:
     slot: int | None = None                       # exact mode: its row in the pipeline's state table
     history: torch.Tensor | None = None          # context mode: frames available as left context
     pending: list[CodecChunk] = field(default_factory=list)
-    arrivals: list[int] = field(default_factory=list)   # the pending chunks' arrival numbers (oldest first)
-    arrived_s: list[float] = field(default_factory=list)   # and their arrival times (the pipeline's clock)
+    # the pending chunks' arrivals (oldest first): (arrival number, arrival time on the pipeline's clock)
+    arrivals: list[tuple[int, float]] = field(default_factory=list)
     passed_over: int = 0     # calls that took smaller chunks ahead of this stream's oldest pending one
     first_out_s: float | None = None     # when its first audio was delivered (its player's start)
     frames_out: int = 0                  # frames delivered so far
@@ -210,8 +210,7 @@ class AsyncDecodingPipeline:
             stream = self._streams.get(request_id)
             if stream is not None:          # chunks of aborted requests are dropped
                 stream.pending.append(payload)
-                stream.arrivals.append(self._arrivals)
-                stream.arrived_s.append(self.clock())
+                stream.arrivals.append((self._arrivals, self.clock()))
                 self._arrivals += 1
         elif kind == "abort":
             self._forget(request_id)
@@ -254,7 +253,6 @@ class AsyncDecodingPipeline:
         batch = []
         for rid, stream in members[:self.batch_limit(frames)]:
             stream.arrivals.pop(0)
-            stream.arrived_s.pop(0)
             stream.passed_over = 0
             batch.append((rid, stream, stream.pending.pop(0)))
         self._decode_batch(batch, frames)
@@ -264,16 +262,20 @@ class AsyncDecodingPipeline:
         audio), any other when a player that started at the first audio, with no pre-buffer, has played every
         frame delivered so far, less `lead_s`."""
         if stream.first_out_s is None:
-            return stream.arrived_s[0]
-        return stream.first_out_s + stream.frames_out * self.frame_s - self.lead_s
+            return stream.arrivals[0][1]
+        return self._runs_dry(stream) - self.lead_s
+
+    def _runs_dry(self, stream: _Stream) -> float:
+        """When a player that started at the stream's first audio, with no pre-buffer, has played all it got."""
+        return stream.first_out_s + stream.frames_out * self.frame_s
 
     def _due_first(self, heads: list[tuple[str, _Stream]]) -> tuple[int, list[tuple[str, _Stream]]]:
         """The chunk due first decides the call's size; the chunks of that size fill it, those due first
         first (same due: the older first). Chunks of other sizes wait for a later call, however small."""
         def due(member):
-            return self._due(member[1]), member[1].arrivals[0]
+            return self._due(member[1]), member[1].arrivals[0][0]
         first = min(heads, key=due)
-        if first[1].first_out_s is not None and self._due(first[1]) + self.lead_s < self.clock():
+        if first[1].first_out_s is not None and self._runs_dry(first[1]) < self.clock():
             self.calls_overdue += 1
         frames = first[1].pending[0].new_frames
         return frames, sorted((m for m in heads if m[1].pending[0].new_frames == frames), key=due)
@@ -298,7 +300,7 @@ class AsyncDecodingPipeline:
             if size > frames:
                 for _, stream in group:
                     stream.passed_over += 1
-        return frames, sorted(groups[frames], key=lambda m: (-m[1].passed_over, m[1].arrivals[0]))
+        return frames, sorted(groups[frames], key=lambda m: (-m[1].passed_over, m[1].arrivals[0][0]))
 
     def _decode_batch(self, batch: list, frames: int) -> None:
         """Decode and deliver; a failing batch is retried one stream at a time, so a bad request fails
