@@ -149,10 +149,13 @@ def switch_check(folder: Path, requests: int, on_gpu: bool, name: str, switch) -
     default) vs after the whole step; a missing wait shows as stale codes. `prompt`: prompts put together from host
     pieces (`PromptBuilder.cache_prefills`, the default; with the text a step at a time the steps wait for the
     trailing text's kernels on the GPU) vs built whole on the GPU and read back, requests with their text a step at
-    a time and in the prefill (CustomVoice's default); a missing wait shows as other codes from the first step on."""
+    a time and in the prefill (CustomVoice's default); a missing wait shows as other codes from the first step on.
+    `copy`: prompts whose rows made on the GPU reach the host by an asynchronous copy that Stage 0 waits for before
+    vLLM reads them (`PromptBuilder.wait_for_prefill` False, the default) vs the builder waiting for them; a missing
+    wait shows as other codes from the first step on."""
     engine = start_engine(folder, True, on_gpu)
     try:
-        modes = (False, None) if name == "prompt" else (None,)    # prompt: text a step at a time, and the default
+        modes = (False, None) if name in ("prompt", "copy") else (None,)   # text a step at a time, and the default
         switch(engine, False)
         off = [result for mode in modes for result in one_by_one(engine, requests, mode)]
         switch(engine, True)
@@ -178,7 +181,11 @@ def _host_prompts(engine: TTSEngine, on: bool) -> None:
     engine.prompts.first_rows.clear()
 
 
-SWITCHES = {"handover": _early_handover, "prompt": _host_prompts}
+def _prefill_copy(engine: TTSEngine, on: bool) -> None:
+    engine.prompts.wait_for_prefill = not on   # (the `prompt` check's off side copies whole prompts the same way)
+
+
+SWITCHES = {"handover": _early_handover, "prompt": _host_prompts, "copy": _prefill_copy}
 
 
 def main() -> int:

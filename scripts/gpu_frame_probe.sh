@@ -5,8 +5,9 @@
 # and closed 64 (underruns by chunk index; Stage 0's step times, split by whether a request joined), the
 # breakdown and the kernel profile (idle time by gap length); each level's first-chunk path (queue, prompt,
 # admit, first frame, decode, delivery).
-# 0. CHECKS=handover,prompt first (HANDOVER_CHECK=1: handover): a switch on vs off, bit for bit (gpu_async_check.py
-# --switch, tiny shapes, an engine each): early vs late hand-over of frames to Stage 1; prompts from host pieces vs read back.
+# 0. CHECKS=handover,prompt,copy first (HANDOVER_CHECK=1: handover): a switch on vs off, bit for bit (gpu_async_check.py
+# --switch, tiny shapes, an engine each): early vs late hand-over of frames to Stage 1; prompts from host pieces vs read
+# back; prefills copied to the host while Stage 0 waits vs the builder waiting.
 # Knobs: MICRO / LOAD (1: run that part; each fits one 10-minute call), DECODER (1: the microbench times the
 # decoder's graphs too, with and without SnakeBeta's cached scales), BATCHES (1,16,64), PREDICTOR_VARIANTS
 # (all), T_MICRO (300), and gpu_load_bench.sh's (defaults here: CONCURRENCY 20,1, CLOSED 64).

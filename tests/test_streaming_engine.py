@@ -192,6 +192,92 @@ def test_a_caller_that_gives_up_while_its_request_is_submitted_leaves_nothing_ru
     assert engine.talker_engine.has_unfinished() is False
 
 
+class _CopyInFlight:
+    """Stands in for a prompt's CUDA event while its prefill is copied to the host (`TalkerPrompt.prefill_pending`):
+    the copy "completes" when the test says so. `synchronize` gives up after a moment, as a copy that never lands
+    would not, so a Stage 0 thread waiting on it still reads its commands."""
+
+    def __init__(self):
+        import threading
+        self.landed = threading.Event()
+        self.asked = 0
+
+    def query(self) -> bool:
+        self.asked += 1
+        return self.landed.is_set()
+
+    def synchronize(self) -> None:
+        self.landed.wait(0.05)
+
+
+def _copies_in_flight(engine, monkeypatch) -> list[_CopyInFlight]:
+    """Every prompt built from here on is marked as still being copied to the host, until its copy lands."""
+    build, copies = engine.prompts.build, []
+
+    def build_in_flight(inputs):
+        prompt = build(inputs)
+        prompt.prefill_pending, prompt.ready = True, _CopyInFlight()
+        copies.append(prompt.ready)
+        return prompt
+    monkeypatch.setattr(engine.prompts, "build", build_in_flight)
+    return copies
+
+
+def _wait_until(condition, what: str) -> None:
+    import time
+    for _ in range(2000):
+        if condition():
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"never happened: {what}")
+
+
+def test_a_prefill_still_on_its_way_waits_in_stage0_and_streams_the_same_audio(engine, voices, monkeypatch):
+    """A prompt whose prefill is still being copied to the host is not given to vLLM (which would read its bytes)
+    until the copy has landed; then it runs exactly as a prompt built on the host."""
+    request = SpeechRequest(text="Parked until its prompt lands.", voice=voices["a_xvec"], max_new_tokens=12,
+                            seed=5)
+    expected = engine.synthesize(request)
+    copies = _copies_in_flight(engine, monkeypatch)
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        stream = engine.generate(request, request_id="parked")
+        first = asyncio.ensure_future(stream.__anext__())
+        await loop.run_in_executor(None, _wait_until, lambda: copies and copies[0].asked >= 3, "Stage 0 asks")
+        held = engine.debug_state()
+        assert "parked" in held["stage0"] and "parked" not in held["vllm"], held
+        assert not first.done()
+        copies[0].landed.set()
+        chunks = [await first]
+        async for chunk in stream:
+            chunks.append(chunk)
+        return chunks
+    chunks = asyncio.run(run())
+    assert np.array_equal(np.concatenate([c.audio for c in chunks]), expected.audio)
+    engine.drain()
+    assert engine.debug_state() == {k: set() for k in engine.debug_state()}
+
+
+def test_a_request_aborted_before_its_prefill_lands_leaves_nothing(engine, voices, monkeypatch):
+    copies = _copies_in_flight(engine, monkeypatch)
+    request = SpeechRequest(text="Never admitted.", voice=voices["a_xvec"], max_new_tokens=12, **GREEDY)
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        stream = engine.generate(request, request_id="never")
+        first = asyncio.ensure_future(stream.__anext__())
+        await loop.run_in_executor(None, _wait_until, lambda: copies and copies[0].asked >= 1, "Stage 0 asks")
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+    asyncio.run(run())
+    engine.drain()
+    state = engine.debug_state()
+    assert state == {k: set() for k in state}, state
+    assert copies[0].landed.is_set() is False      # freed while its copy was still "in flight"
+
+
 def test_batch_config_produces_the_same_audio(engine, voices):
     request = SpeechRequest(text="Batch versus streaming.", voice=voices["a_icl"], max_new_tokens=40, **GREEDY)
     streaming = engine.synthesize(request)

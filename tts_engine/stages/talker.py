@@ -103,6 +103,8 @@ class TalkerStage:
         self._seen_mark = torch.ones((), dtype=torch.bool, device=device)
         self._by_internal: dict[str, _RequestState] = {}
         self._by_id: dict[str, _RequestState] = {}
+        # added, not yet given to vLLM: their prefill is still being copied to the host (`_admit_arrived`)
+        self._parked: list[_RequestState] = []
         # Per-request device tables, one row per slot (grown on demand): the talker state that
         # produced each request's pending codebook-0 token, and the codebook-0 tokens it generated.
         self._free_slots: list[int] = []
@@ -158,7 +160,7 @@ class TalkerStage:
 
     @property
     def active_request_ids(self) -> list[str]:
-        return list(self._by_id)
+        return list(self._by_id) + [s.request_id for s in list(self._parked)]
 
     @property
     def alive(self) -> bool:
@@ -169,7 +171,7 @@ class TalkerStage:
         if self.step_stream is not None:
             torch.cuda.set_stream(self.step_stream)   # vLLM's own stream helper follows set_stream
         while not self._stop.is_set():
-            block = not self.engine.has_unfinished()
+            block = not self.engine.has_unfinished() and not self._parked
             try:
                 while True:
                     cmd, arg = self._commands.get(block=block, timeout=0.5 if block else None)
@@ -177,6 +179,8 @@ class TalkerStage:
                     self._handle(cmd, arg)
             except queue.Empty:
                 pass
+            if self._parked:
+                self._admit_arrived(wait=not self.engine.has_unfinished())
             if not self.engine.has_unfinished():
                 continue
             try:
@@ -195,39 +199,69 @@ class TalkerStage:
     def _handle(self, cmd: str, arg) -> None:
         if cmd == "add":
             state: _RequestState = arg
-            s = state.sampling
-            max_tokens = min(s.max_new_tokens, self.engine.max_model_len - state.prompt.prefill.shape[0])
-            if max_tokens < 1:
+            if self._max_tokens(state) < 1:
                 state.on_finish(PromptTooLong(f"text is too long: its prompt takes {state.prompt.prefill.shape[0]} "
                                               f"positions, which leaves no room under max_model_len="
                                               f"{self.engine.max_model_len}"))
-                return
-            try:
-                state.internal_id = self.engine.add(
-                    state.request_id, state.prompt.prefill, greedy=s.greedy, temperature=s.temperature,
-                    top_k=s.top_k, top_p=s.top_p, max_tokens=max_tokens, eos_id=self.eos, seed=s.seed)
-            except Exception as exc:
-                state.on_finish(StreamFailed(f"talker rejected the request: {exc}"))
-                return
-            if state.prompt.trailing.is_cuda:   # built on the prompt builder's stream, read by this thread's steps
-                steps = torch.cuda.current_stream(state.prompt.trailing.device)
-                if state.prompt.ready is not None:   # the builder did not wait for its kernels: the steps do
-                    steps.wait_event(state.prompt.ready)
-                state.prompt.trailing.record_stream(steps)
-                state.prompt.tts_pad.record_stream(steps)
-            state.slot = self._take_slot()
-            self._by_internal[state.internal_id] = state
-            self._by_id[state.request_id] = state
-            self.step_log.request_added()
-            if state.on_admitted is not None:
-                state.on_admitted()
+            elif state.prompt.prefill_arrived():
+                self._admit(state)
+            else:
+                self._parked.append(state)
         elif cmd == "barrier":
             arg.set()
         elif cmd == "abort":
             state = self._by_id.get(arg)
             if state is not None:
                 self.engine.abort([state.internal_id])
+            else:
+                state = self._unpark(arg)
+            if state is not None:
                 self._release(state, RequestAborted(f"request {arg} was aborted"))
+
+    def _unpark(self, request_id: str) -> _RequestState | None:
+        for i, state in enumerate(self._parked):
+            if state.request_id == request_id:
+                return self._parked.pop(i)
+        return None
+
+    def _admit_arrived(self, wait: bool) -> None:
+        """Give vLLM every parked request whose prefill has reached the host. Between steps this only asks the
+        prompts' events; with nothing to step (`wait`) it waits for the oldest, a copy of a few hundred KB behind
+        a few small kernels, rather than spin."""
+        arrived = []
+        for i, state in enumerate(self._parked):     # only this thread changes the list (others read it)
+            if wait and i == 0:
+                state.prompt.wait_for_prefill()
+            if state.prompt.prefill_arrived():
+                self._admit(state)
+                arrived.append(state)
+        if arrived:        # a new list, after the admissions: a reader never misses a request in between
+            self._parked = [s for s in self._parked if not any(s is a for a in arrived)]
+
+    def _max_tokens(self, state: _RequestState) -> int:
+        return min(state.sampling.max_new_tokens, self.engine.max_model_len - state.prompt.prefill.shape[0])
+
+    def _admit(self, state: _RequestState) -> None:
+        s = state.sampling
+        try:
+            state.internal_id = self.engine.add(
+                state.request_id, state.prompt.prefill, greedy=s.greedy, temperature=s.temperature,
+                top_k=s.top_k, top_p=s.top_p, max_tokens=self._max_tokens(state), eos_id=self.eos, seed=s.seed)
+        except Exception as exc:
+            state.on_finish(StreamFailed(f"talker rejected the request: {exc}"))
+            return
+        if state.prompt.trailing.is_cuda:   # built on the prompt builder's stream, read by this thread's steps
+            steps = torch.cuda.current_stream(state.prompt.trailing.device)
+            if state.prompt.ready is not None:   # the builder did not wait for its kernels: the steps do
+                steps.wait_event(state.prompt.ready)
+            state.prompt.trailing.record_stream(steps)
+            state.prompt.tts_pad.record_stream(steps)
+        state.slot = self._take_slot()
+        self._by_internal[state.internal_id] = state
+        self._by_id[state.request_id] = state
+        self.step_log.request_added()
+        if state.on_admitted is not None:
+            state.on_admitted()
 
     def _release(self, state: _RequestState, error: Exception | None) -> None:
         self._by_internal.pop(state.internal_id, None)
@@ -281,7 +315,8 @@ class TalkerStage:
     def _fail_all(self, error: Exception) -> None:
         states = list(self._by_id.values())
         self.engine.abort([s.internal_id for s in states])
-        for state in states:
+        parked, self._parked = self._parked, []
+        for state in states + parked:
             self._release(state, error)
 
     def _handover_stream(self):

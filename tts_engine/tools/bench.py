@@ -496,6 +496,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "prompt-uncached": {"prompt_cache": False},                        # every prompt embeds its constant parts
     # prompts built on the GPU and read back (the constant parts still cached), not put together from host pieces
     "prompt-readback": {"prompt_host_pieces": False},
+    # the prompt builder waits for rows it made on the GPU to reach the host (before the twelfth pass), instead of
+    # Stage 0 admitting the request once its copy has completed
+    "prompt-wait-readback": {"prompt_wait_for_prefill": True},
     "first-chunk-once": {"initial_chunk_repeats": 1},                  # 1, 2, 4, ...: chunk 2 takes twice the steps
     # a candidate (switched on): shorter Stage 1 calls (4 x 25 frames, not 16 x 25)
     "decoder-calls-100-frames": {"decoder_batch_frames": 100},
@@ -595,6 +598,9 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
         elif key == "prompt_host_pieces":
             previous[key] = engine.prompts.cache_prefills
             engine.prompts.cache_prefills = value
+        elif key == "prompt_wait_for_prefill":
+            previous[key] = engine.prompts.wait_for_prefill
+            engine.prompts.wait_for_prefill = value
         elif key == "gc_frozen":
             previous[key] = gc.get_freeze_count() > 0
             if value:

@@ -54,9 +54,20 @@ class TalkerPrompt:
     prefill: torch.Tensor    # [L, H] prompt embeddings
     trailing: torch.Tensor   # [T, H] text added to decode steps 0..T-1; tts_pad afterwards
     tts_pad: torch.Tensor    # [H]
-    # CUDA: recorded on the builder's stream after `trailing` was queued, when the build returned without
-    # waiting for it (a prefill from the host cache); the steps' stream waits for it before reading `trailing`
+    # CUDA: recorded on the builder's stream after the build's last GPU work (`trailing`'s kernels, the prefill's
+    # copy to the host); the steps' stream waits for it before reading `trailing`
     ready: "torch.cuda.Event | None" = None
+    # True while rows of `prefill` (pinned host memory) are still being copied from the GPU: they are there once
+    # `ready` has completed. Stage 0 hands the prefill to vLLM only then (`prefill_arrived`), so no thread waits.
+    prefill_pending: bool = False
+
+    def prefill_arrived(self) -> bool:
+        return not self.prefill_pending or self.ready.query()
+
+    def wait_for_prefill(self) -> None:
+        """Block until the prefill's rows are on the host (a no-op for a prefill built there)."""
+        if self.prefill_pending:
+            self.ready.synchronize()
 
 
 class HostRows:
@@ -157,6 +168,10 @@ class PromptBuilder:
         self.leads = HostRows(64)
         self.first_rows = HostRows(8192)
         self.cache_prefills = True
+        # False (the default): a prefill with rows made on the GPU comes back to the host by an asynchronous copy
+        # that Stage 0 waits for (`TalkerPrompt.prefill_pending`); True: `build` waits for it, as it did before the
+        # twelfth pass (bench variant `prompt-wait-readback`)
+        self.wait_for_prefill = False
 
     def _once(self, kind: str, ids) -> torch.Tensor:
         """`T(ids)` or `C(ids)` of the few id lists every prompt repeats (special tokens, the chat prefix,
@@ -187,29 +202,51 @@ class PromptBuilder:
         return lang_id
 
     def build(self, p: PromptInputs) -> TalkerPrompt:
-        """The prompt of one request; on CUDA its prefill comes back on the host, ready for vLLM.
+        """The prompt of one request; on CUDA its prefill goes to the host, where vLLM takes it from, with no wait.
 
-        Why a stream of its own: the builder uploads token ids and reads the prefill back for vLLM (which
+        Why a stream of its own: the builder uploads token ids and copies the prefill to the host for vLLM (which
         takes prompt embeddings from the host), and each of those copies waits for everything queued before
         it on its stream. On the default stream that is the talker's step and the code predictor of every
         running request, so a new request's prompt waited behind the steps in flight before it reached Stage 0
         (time outside the stages, p95 on the H200: 8.8 -> 3.5 ms at 1 req/s, 274 -> 139 ms at 64 streams;
         BENCHMARKS.md). On its own stream it waits only for its own few small kernels. Stage 0 marks the tensors
         its steps read (`trailing`, `tts_pad`) as used on its stream (`TalkerStage`), so the caching allocator
-        does not hand their memory to another prompt while a step may still read them. A prompt put together
-        from host pieces (`_build`) is not read back at all: it carries an event (`ready`) recorded after its
-        trailing text's kernels, and Stage 0's steps wait for it on the GPU.
+        does not hand their memory to another prompt while a step may still read them.
+
+        Why no wait: rows made on the GPU (a whole text in the prefill, an uncached prompt) reach the host by an
+        asynchronous copy into pinned memory. The calling thread returns at once, and the prompt carries an event
+        (`ready`, recorded after that copy and the trailing text's kernels): Stage 0 admits the request once it has
+        completed, and its steps wait for it on the GPU. A burst of 64 requests then no longer holds the executor's
+        threads in read-backs on a GPU busy with both stages (the twelfth pass: prompt leg p50 17-28 ms at closed
+        64 while a build is ~0.3 ms of host work).
         """
         on_stream = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
         with on_stream:
             prompt = self._build(p)
             if prompt.prefill.is_cuda:
-                return TalkerPrompt(prefill=prompt.prefill.cpu(),       # waits for this stream only
-                                    trailing=prompt.trailing, tts_pad=prompt.tts_pad)
-            if prompt.trailing.is_cuda:       # from host pieces: the steps wait for the trailing text, not we
+                prompt.prefill, prompt.prefill_pending = self._on_host([prompt.prefill])
+            if prompt.prefill_pending or prompt.trailing.is_cuda:
                 prompt.ready = torch.cuda.Event()
                 prompt.ready.record()
+        if self.wait_for_prefill:
+            prompt.wait_for_prefill()
         return prompt
+
+    @staticmethod
+    def _on_host(parts: list[torch.Tensor]) -> tuple[torch.Tensor, bool]:
+        """The rows of `parts` one after another in host memory, and whether some are still on their way: parts on
+        the host are copied now, parts on the GPU by an asynchronous copy into pinned memory on the current stream
+        (only a copy: the same bits as a read-back). Pinned blocks come from PyTorch's caching host allocator,
+        which keeps a block from reuse until the copies into it are done."""
+        if not any(part.is_cuda for part in parts):
+            return torch.cat(parts), False
+        rows = sum(part.shape[0] for part in parts)
+        host = torch.empty((rows, parts[0].shape[1]), dtype=parts[0].dtype, pin_memory=True)
+        at = 0
+        for part in parts:
+            host[at:at + part.shape[0]].copy_(part, non_blocking=part.is_cuda)
+            at += part.shape[0]
+        return host, True
 
     @torch.inference_mode()
     def _build(self, p: PromptInputs) -> TalkerPrompt:
@@ -234,10 +271,10 @@ class PromptBuilder:
                 first = self.first_rows.get((ids[3],), lambda: self._first_row(ids, codec_bos()))
                 return TalkerPrompt(prefill=torch.cat([lead, first]), trailing=self._trailing(ids, tts_eos),
                                     tts_pad=tts_pad)
-            # the whole text in the prefill: its rows are the one part built here and read back
+            # the whole text in the prefill: its rows are the one part built here and copied to the host
             tail = self.leads.get(("tail",), lambda: self._tail(tts_pad, codec_bos()))
-            return TalkerPrompt(prefill=torch.cat([lead, self._text_rows(ids, tts_eos).cpu(), tail]),
-                                trailing=tts_pad[None], tts_pad=tts_pad)
+            prefill, pending = self._on_host([lead, self._text_rows(ids, tts_eos), tail])
+            return TalkerPrompt(prefill=prefill, trailing=tts_pad[None], tts_pad=tts_pad, prefill_pending=pending)
         parts, codec_bos = self._lead(p, ids, lang, vector, tts_pad, tts_bos)
 
         body = ids[3:-5]
