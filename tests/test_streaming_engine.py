@@ -278,43 +278,6 @@ def test_a_request_aborted_before_its_prefill_lands_leaves_nothing(engine, voice
     assert copies[0].landed.is_set() is False      # freed while its copy was still "in flight"
 
 
-def test_prompt_builds_at_once_stay_within_the_bound(engine, voices, monkeypatch):
-    """At most `concurrent_prompt_builds` threads build a prompt at a time, however many requests arrive."""
-    import threading
-
-    build, lock, inside = engine.prompts.build, threading.Lock(), []
-    most = [0]
-    held = threading.Event()
-
-    def counted_build(inputs):
-        with lock:
-            inside.append(1)
-            most[0] = max(most[0], len(inside))
-        held.wait(0.02)            # a build long enough for the others to pile up behind the bound
-        try:
-            return build(inputs)
-        finally:
-            with lock:
-                inside.pop()
-    monkeypatch.setattr(engine.prompts, "build", counted_build)
-    assert engine.concurrent_prompt_builds == 2
-
-    async def collect(i: int):
-        request = SpeechRequest(text=f"Burst request {i}.", voice=voices["a_xvec"], max_new_tokens=3, **GREEDY)
-        return [chunk async for chunk in engine.generate(request)]
-
-    async def burst():
-        return await asyncio.gather(*(collect(i) for i in range(6)))
-    streams = asyncio.run(burst())
-    assert all(chunks[-1].is_finished for chunks in streams)
-    assert 1 <= most[0] <= 2
-    engine.concurrent_prompt_builds = None
-    try:
-        assert engine._build_slots is None
-    finally:
-        engine.concurrent_prompt_builds = 2
-
-
 def test_batch_config_produces_the_same_audio(engine, voices):
     request = SpeechRequest(text="Batch versus streaming.", voice=voices["a_icl"], max_new_tokens=40, **GREEDY)
     streaming = engine.synthesize(request)

@@ -91,7 +91,6 @@ class TTSEngine:
         self._routes_lock = threading.Lock()
         self._closed = False
         self._froze_gc = False
-        self.concurrent_prompt_builds = 2
         self.connector = ChunkConnector(schedule=d.schedule, left_context_size=d.left_context_size)
         self.pipeline = AsyncDecodingPipeline(
             self.decoder, self.decoder_device, mode=d.decode_mode, max_batch_size=d.max_batch_size,
@@ -146,22 +145,6 @@ class TTSEngine:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    @property
-    def concurrent_prompt_builds(self) -> int | None:
-        """How many threads may build a prompt at once (None: any number; bench variant `prompt-builds-unbounded`).
-
-        Why a bound: a build is ~0.3 ms of host work, but every torch call in it hands the interpreter lock back
-        and takes it again, and the executor has 20 threads. In a burst of 64 requests they all build at once and
-        take turns on the lock with Stage 0's thread, which steps the talker: a build then took 17-21 ms at the
-        median (closed 64, twelfth pass, with no wait for the GPU left in it). Threads over the bound sleep on a
-        semaphore, out of the lock's queue."""
-        return self._build_slots_size
-
-    @concurrent_prompt_builds.setter
-    def concurrent_prompt_builds(self, value: int | None) -> None:
-        self._build_slots_size = value
-        self._build_slots = threading.BoundedSemaphore(value) if value else None
-
     # ---- voices ----------------------------------------------------------------------------------
     def create_voice_prompt(self, ref_audio, ref_text: str | None = None,
                             x_vector_only: bool = False) -> VoicePrompt:
@@ -181,16 +164,9 @@ class TTSEngine:
         if not self.healthy:
             raise EngineClosed(f"the engine stopped working ({self.health()['error']}); it must be restarted")
         prompt_inputs, voice = self._prompt_inputs(request)
-        slots = self._build_slots
-        if slots is not None:
-            slots.acquire()
-        try:
-            started = time.perf_counter()
-            prompt = self.prompts.build(prompt_inputs)
-            prompt_s = time.perf_counter() - started
-        finally:
-            if slots is not None:
-                slots.release()
+        started = time.perf_counter()
+        prompt = self.prompts.build(prompt_inputs)
+        prompt_s = time.perf_counter() - started
         positions, limit = prompt.prefill.shape[0], self.talker_engine.max_model_len
         if positions >= limit:
             raise PromptTooLong(f"text is too long: its prompt takes {positions} positions and the engine's "

@@ -499,10 +499,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # the prompt builder waits for rows it made on the GPU to reach the host (before the twelfth pass), instead of
     # Stage 0 admitting the request once its copy has completed
     "prompt-wait-readback": {"prompt_wait_for_prefill": True},
-    # any number of threads build prompts at once (before the twelfth pass), not two
-    "prompt-builds-unbounded": {"concurrent_prompt_builds": None},
-    # a candidate: one prompt build at a time
-    "prompt-builds-1": {"concurrent_prompt_builds": 1},
     "first-chunk-once": {"initial_chunk_repeats": 1},                  # 1, 2, 4, ...: chunk 2 takes twice the steps
     # a candidate (switched on): shorter Stage 1 calls (4 x 25 frames, not 16 x 25)
     "decoder-calls-100-frames": {"decoder_batch_frames": 100},
@@ -602,9 +598,6 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
         elif key == "prompt_host_pieces":
             previous[key] = engine.prompts.cache_prefills
             engine.prompts.cache_prefills = value
-        elif key == "concurrent_prompt_builds":
-            previous[key] = engine.concurrent_prompt_builds
-            engine.concurrent_prompt_builds = value
         elif key == "prompt_wait_for_prefill":
             previous[key] = engine.prompts.wait_for_prefill
             engine.prompts.wait_for_prefill = value
