@@ -216,9 +216,9 @@ class PromptBuilder:
         Why no wait: rows made on the GPU (a whole text in the prefill, an uncached prompt) reach the host by an
         asynchronous copy into pinned memory. The calling thread returns at once, and the prompt carries an event
         (`ready`, recorded after that copy and the trailing text's kernels): Stage 0 admits the request once it has
-        completed, and its steps wait for it on the GPU. A burst of 64 requests then no longer holds the executor's
-        threads in read-backs on a GPU busy with both stages (the twelfth pass: prompt leg p50 17-28 ms at closed
-        64 while a build is ~0.3 ms of host work).
+        completed, and its steps wait for it on the GPU. So no submitting thread waits for a GPU busy with both
+        stages. No speed difference measured (BENCHMARKS.md, twelfth pass): a burst's builds wait for their turns
+        on the interpreter, not for the GPU.
         """
         on_stream = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
         with on_stream:
