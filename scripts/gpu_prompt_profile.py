@@ -1,12 +1,19 @@
-"""Where a prompt build's host time goes on the GPU machine (issue "real time under load", closed 64).
+"""Where the host time of a burst goes on the GPU machine (issue "real time under load", closed 64).
 
-At closed 64 a build takes 17-21 ms at the median and ~2 ms when builds run one at a time (BENCHMARKS.md, twelfth
-pass), against ~0.3 ms of host work on a CPU machine. This times builds of the bench's texts on an idle engine: one
-thread (p50, p95), under cProfile (the calls that took the host's time), and 64 at once on 20 threads (a burst's
-builds alone, without the stages stepping). A tiny random checkpoint on the GPU, eager talker: the host calls of a
-build are the same for every shape. Results: JSON and the profile text under --out.
+1. Prompt builds. At closed 64 a build takes 17-21 ms at the median and ~2 ms when builds run one at a time
+(BENCHMARKS.md, twelfth pass). This times builds of the bench's texts on an idle engine: one thread (p50, p95), under
+cProfile (the calls that took the host's time), and 64 at once on 20 threads (a burst's builds alone, without the
+stages stepping).
+2. Stage 0's steps (`--burst N`): N requests of the bench's texts at once, with every `engine.step()` of the Stage 0
+thread under cProfile (vLLM's scheduling and input preparation, our step hooks, the graphs' replays), so the
+host-paced steps of a burst (31-41 ms of wall time for 10-19 ms of GPU work in the twelfth pass's burst profile) can
+be read function by function. Needs the engine as served: `--shape 1.7b` (graphs, start-up warm-up; ~2.5 min to
+start on the H200); the default tiny checkpoint with an eager talker serves part 1 (its build is the same host calls
+for every shape).
 
-    python3 scripts/gpu_prompt_profile.py --out $OUT
+    python3 scripts/gpu_prompt_profile.py --out $OUT                       # part 1, ~1 min
+    python3 scripts/gpu_prompt_profile.py --out $OUT --shape 1.7b --burst 64   # both parts
+Results: JSON and the profiles' text under --out.
 """
 
 from __future__ import annotations
@@ -35,6 +42,54 @@ def timed_builds(engine, inputs, count: int) -> list[float]:
     return times
 
 
+def stage0_burst(engine, speaker: str, burst: int, out: Path) -> dict:
+    """Profile the Stage 0 thread's steps while `burst` requests of 8 frames start together (after a burst of 8
+    unprofiled: the first shapes met)."""
+    import asyncio
+
+    from tts_engine import SpeechRequest
+
+    profile, steps, on = cProfile.Profile(), [], [False]
+    talker_engine = engine.talker.engine
+    real_step = talker_engine.step
+
+    def step():                       # runs on the Stage 0 thread: cProfile follows the thread that enables it
+        if not on[0]:
+            return real_step()
+        started = time.perf_counter()
+        profile.enable()
+        try:
+            return real_step()
+        finally:
+            profile.disable()
+            steps.append(time.perf_counter() - started)
+
+    async def run(n: int) -> None:
+        async def one(i: int) -> None:
+            request = SpeechRequest(text=TEXTS[i % len(TEXTS)], speaker=speaker, language="english",
+                                    max_new_tokens=9, min_new_tokens=9)
+            async for _ in engine.generate(request):
+                pass
+        await asyncio.gather(*(one(i) for i in range(n)))
+
+    talker_engine.step = step
+    try:
+        asyncio.run(run(8))
+        on[0] = True
+        started = time.perf_counter()
+        asyncio.run(run(burst))
+        wall = time.perf_counter() - started
+    finally:
+        talker_engine.step = real_step
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(40)
+    pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(40)
+    (out / "stage0_burst_profile.txt").write_text(text.getvalue())
+    print("\n".join(text.getvalue().splitlines()[:55]), flush=True)
+    return {"burst": burst, "wall_s": round(wall, 3), "steps": len(steps),
+            "step_ms_p50": ms(steps, 50), "step_ms_p95": ms(steps, 95), "step_ms_total": round(1000 * sum(steps), 1)}
+
+
 def ms(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return round(1000 * ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))], 3)
@@ -43,14 +98,22 @@ def ms(values: list[float], q: float) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--checkpoint", type=Path, default=Path("/tmp/ckpt/tts_prompt_profile_tiny"))
+    ap.add_argument("--shape", default="tiny", choices=("tiny", "1.7b"))
+    ap.add_argument("--burst", type=int, default=0, help="part 2: requests at once under the Stage 0 profile")
+    ap.add_argument("--config", default="configs/qwen3_tts.yaml", help="stage config (a CPU one for a dry run)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    folder = build_demo_checkpoint(args.checkpoint, "custom_voice", progress=False)
+    folder = Path(f"/tmp/ckpt/tts_bench_{args.shape}_custom_voice")     # the one gpu_env.sh's demo_checkpoint makes
+    if not (folder / "config.json").exists():
+        build_demo_checkpoint(folder, "custom_voice", shape=args.shape, progress=False)
     started = time.perf_counter()
-    engine = TTSEngine.from_pretrained(folder, "configs/qwen3_tts.yaml", enforce_eager=True, max_num_seqs=8,
-                                       gpu_memory_utilization=0.1)
-    result: dict = {"engine_start_s": round(time.perf_counter() - started, 1)}
+    served = args.shape != "tiny"       # tiny: an eager talker that starts in seconds, for part 1
+    overrides = {} if served or "cpu" in args.config else dict(enforce_eager=True, max_num_seqs=8,
+                                                                 gpu_memory_utilization=0.1)
+    engine = TTSEngine.from_pretrained(folder, args.config, **overrides)
+    if served:
+        engine.warmup()
+    result: dict = {"shape": args.shape, "engine_start_s": round(time.perf_counter() - started, 1)}
     speaker = engine.config.supported_speakers[0]
     try:
         for streaming in (False, True):
@@ -75,6 +138,9 @@ def main() -> None:
                             "prefill_rows": int(engine.prompts.build(inputs[0]).prefill.shape[0])}
             print(mode, json.dumps(result[mode]), flush=True)
             print("\n".join(text.getvalue().splitlines()[:45]), flush=True)
+        if args.burst:
+            result["stage0_burst"] = stage0_burst(engine, speaker, args.burst, args.out)
+            print("stage0_burst", json.dumps(result["stage0_burst"]), flush=True)
     finally:
         engine.close()
     (args.out / "prompt_profile.json").write_text(json.dumps(result, indent=1))
