@@ -272,13 +272,12 @@ class AsyncDecodingPipeline:
     def _due_first(self, heads: list[tuple[str, _Stream]]) -> tuple[int, list[tuple[str, _Stream]]]:
         """The chunk due first decides the call's size; the chunks of that size fill it, those due first
         first (same due: the older first). Chunks of other sizes wait for a later call, however small."""
-        def due(member):
-            return self._due(member[1]), member[1].arrivals[0][0]
-        first = min(heads, key=due)
-        if first[1].first_out_s is not None and self._runs_dry(first[1]) < self.clock():
+        ranked = sorted(heads, key=lambda m: (self._due(m[1]), m[1].arrivals[0][0]))    # each due computed once
+        first = ranked[0][1]
+        if first.first_out_s is not None and self._runs_dry(first) < self.clock():
             self.calls_overdue += 1
-        frames = first[1].pending[0].new_frames
-        return frames, sorted((m for m in heads if m[1].pending[0].new_frames == frames), key=due)
+        frames = first.pending[0].new_frames
+        return frames, [m for m in ranked if m[1].pending[0].new_frames == frames]
 
     def _smallest_first(self, heads: list[tuple[str, _Stream]]) -> tuple[int, list[tuple[str, _Stream]]]:
         """Among the streams' oldest pending chunks, the group with the fewest new frames (a new request's first
