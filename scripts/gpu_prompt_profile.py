@@ -10,6 +10,8 @@ host-paced steps of a burst (31-41 ms of wall time for 10-19 ms of GPU work in t
 be read function by function. Needs the engine as served: `--shape 1.7b` (graphs, start-up warm-up; ~2.5 min to
 start on the H200); the default tiny checkpoint with an eager talker serves part 1 (its build is the same host calls
 for every shape).
+3. The same burst with no profiler (`--burst N`, run before part 2): each Stage 0 step's wall time beside its thread's
+CPU time, and every thread's CPU time over the burst: whether the steps wait (for the interpreter, the GPU) or work.
 
     python3 scripts/gpu_prompt_profile.py --out $OUT                       # part 1, ~1 min
     python3 scripts/gpu_prompt_profile.py --out $OUT --shape 1.7b --burst 64   # both parts
@@ -88,6 +90,87 @@ def stage0_burst(engine, speaker: str, burst: int, out: Path) -> dict:
             "step_ms_p50": ms(steps, 50), "step_ms_p95": ms(steps, 95), "step_ms_total": round(1000 * sum(steps), 1)}
 
 
+def thread_cpu_s() -> dict[str, float]:
+    """CPU seconds each live thread of this process has used, by name (ns resolution: the thread's CPU clock)."""
+    import threading
+    used: dict[str, float] = {}
+    for thread in threading.enumerate():
+        try:
+            clock = time.pthread_getcpuclockid(thread.ident)
+            name = "executor" if thread.name.startswith(("ThreadPoolExecutor", "asyncio_")) else thread.name
+            used[name] = used.get(name, 0.0) + time.clock_gettime(clock)
+        except (OSError, TypeError):     # a thread that ended meanwhile
+            continue
+    return used
+
+
+def stage0_timeline(engine, speaker: str, burst: int) -> dict:
+    """A burst of `burst` requests (8 frames) with no profiler: every Stage 0 step's wall time beside the CPU time
+    of the Stage 0 thread in it (wall >> CPU: the thread waited for the interpreter or the GPU; wall ~ CPU: its own
+    Python), the requests vLLM had waiting and running, when prompts were built and first chunks came, and each
+    thread's CPU time over the burst (who held the interpreter)."""
+    import asyncio
+
+    talker_engine = engine.talker.engine
+    scheduler = talker_engine.engine.engine_core.engine_core.scheduler
+    real_step, real_build = talker_engine.step, engine.prompts.build
+    steps, built, first_chunks, t0 = [], [], [], [0.0]
+
+    def step():
+        waiting, running = len(scheduler.waiting), len(scheduler.running)
+        began, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return real_step()
+        finally:
+            steps.append((began - t0[0], time.perf_counter() - began, time.thread_time() - cpu, waiting, running))
+
+    def build(inputs):
+        prompt = real_build(inputs)
+        built.append(time.perf_counter() - t0[0])
+        return prompt
+
+    async def run(n: int) -> dict[str, float]:
+        """The burst; returns the threads' CPU times before the loop's executor threads are shut down."""
+        async def one(i: int) -> None:
+            request = SpeechRequest(text=TEXTS[i % len(TEXTS)], speaker=speaker, language="english",
+                                    max_new_tokens=9, min_new_tokens=9)
+            first = True
+            async for _ in engine.generate(request):
+                if first:
+                    first_chunks.append(time.perf_counter() - t0[0])
+                    first = False
+        await asyncio.gather(*(one(i) for i in range(n)))
+        return thread_cpu_s()
+
+    talker_engine.step, engine.prompts.build = step, build
+    try:
+        asyncio.run(run(8))
+        for rounds in range(2):                         # the second burst is the one kept (the first warms threads)
+            steps.clear(), built.clear(), first_chunks.clear()
+            cpu_before = thread_cpu_s()             # the loop's executor threads are new in each run: 0 before
+            t0[0] = time.perf_counter()
+            cpu_after = asyncio.run(run(burst))
+            wall = time.perf_counter() - t0[0]
+    finally:
+        talker_engine.step, engine.prompts.build = real_step, real_build
+    first_chunks.sort()
+    built.sort()
+    in_window = [s for s in steps if s[0] <= first_chunks[-1]]
+    return {
+        "burst": burst, "wall_ms": round(1000 * wall, 1),
+        "prompts_built_ms": [round(1000 * built[0], 1), round(1000 * built[-1], 1)],
+        "first_chunk_ms_p50": round(1000 * first_chunks[len(first_chunks) // 2], 1),
+        "first_chunk_ms_last": round(1000 * first_chunks[-1], 1),
+        "stage0_steps_to_last_first_chunk": len(in_window),
+        "stage0_step_wall_ms": round(1000 * sum(s[1] for s in in_window), 1),
+        "stage0_step_cpu_ms": round(1000 * sum(s[2] for s in in_window), 1),
+        "thread_cpu_ms": {name: round(1000 * (cpu_after.get(name, 0.0) - cpu_before.get(name, 0.0)), 1)
+                          for name in sorted(cpu_after)},
+        "steps": [{"at_ms": round(1000 * a, 1), "wall_ms": round(1000 * w, 2), "cpu_ms": round(1000 * c, 2),
+                   "waiting": wt, "running": rn} for a, w, c, wt, rn in steps],
+    }
+
+
 def ms(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return round(1000 * ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))], 3)
@@ -140,6 +223,14 @@ def main() -> None:
             print(mode, json.dumps(result[mode]), flush=True)
             print("\n".join(text.getvalue().splitlines()[:45]), flush=True)
         if args.burst:
+            for drain in (False, True):             # the default, then the loop before (`stage0-drain-commands`)
+                engine.talker.drain_commands = drain
+                key = "stage0_timeline" + ("_drain_commands" if drain else "")
+                result[key] = timeline = stage0_timeline(engine, speaker, args.burst)
+                print(key, json.dumps({k: v for k, v in timeline.items() if k != "steps"}), flush=True)
+                for row in timeline["steps"]:
+                    print("  step", json.dumps(row), flush=True)
+            engine.talker.drain_commands = False
             result["stage0_burst"] = stage0_burst(engine, speaker, args.burst, args.out)
             print("stage0_burst", json.dumps(result["stage0_burst"]), flush=True)
     finally:

@@ -73,3 +73,45 @@ def test_a_frame_waits_for_its_token_and_the_stop_frame_is_dropped():
     assert frames_to_hand_out(pending=1, handed_out=3, tokens=4, finished=False) == 1
     assert frames_to_hand_out(pending=1, handed_out=3, tokens=4, finished=True) == 0    # token 3 was the stop
     assert frames_to_hand_out(pending=2, handed_out=0, tokens=3, finished=True) == 2
+
+
+class _CommandsArrivingWhileHandled:
+    """Stands in for a TalkerStage around `_take_commands`: each add handled queues another (a burst whose prompts
+    are built faster than Stage 0 takes them), up to `arrivals` more."""
+
+    def __init__(self, queued: int, arrivals: int, drain: bool):
+        import queue
+        self._commands: queue.Queue = queue.Queue()
+        self.drain_commands = drain
+        self.handled: list[int] = []
+        self._next, self._last = queued, queued + arrivals
+        for i in range(queued):
+            self._commands.put(("add", i))
+
+    def _handle(self, cmd: str, arg) -> None:
+        self.handled.append(arg)
+        if self._next < self._last:
+            self._commands.put(("add", self._next))
+            self._next += 1
+
+
+def test_stage0_steps_after_the_commands_queued_then_not_after_every_later_one():
+    """Between two steps Stage 0 handles what was queued when it looked, so a burst's first prompts prefill while
+    the rest are still arriving; draining until the queue is empty (the loop before, variant
+    `stage0-drain-commands`) handled the whole burst first."""
+    from tts_engine.stages.talker import TalkerStage
+
+    stage = _CommandsArrivingWhileHandled(queued=3, arrivals=60, drain=False)
+    TalkerStage._take_commands(stage, block=False)
+    assert stage.handled == [0, 1, 2]
+    assert stage._commands.qsize() == 3           # what came meanwhile waits for the next round, in order
+    TalkerStage._take_commands(stage, block=False)
+    assert stage.handled == [0, 1, 2, 3, 4, 5]
+
+    drained = _CommandsArrivingWhileHandled(queued=3, arrivals=60, drain=True)
+    TalkerStage._take_commands(drained, block=False)
+    assert drained.handled == list(range(63)) and drained._commands.empty()
+
+    idle = _CommandsArrivingWhileHandled(queued=0, arrivals=0, drain=False)
+    TalkerStage._take_commands(idle, block=False)  # nothing queued: returns at once
+    assert idle.handled == []

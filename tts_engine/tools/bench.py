@@ -499,6 +499,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # the prompt builder waits for rows it made on the GPU to reach the host (before the twelfth pass), instead of
     # Stage 0 admitting the request once its copy has completed
     "prompt-wait-readback": {"prompt_wait_for_prefill": True},
+    # Stage 0 handles commands until its queue is empty before it steps (before the thirteenth pass): a burst's
+    # first step waits for its last prompt
+    "stage0-drain-commands": {"stage0_drain_commands": True},
     "first-chunk-once": {"initial_chunk_repeats": 1},                  # 1, 2, 4, ...: chunk 2 takes twice the steps
     # a candidate (switched on): shorter Stage 1 calls (4 x 25 frames, not 16 x 25)
     "decoder-calls-100-frames": {"decoder_batch_frames": 100},
@@ -601,6 +604,9 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
         elif key == "prompt_wait_for_prefill":
             previous[key] = engine.prompts.wait_for_prefill
             engine.prompts.wait_for_prefill = value
+        elif key == "stage0_drain_commands":
+            previous[key] = engine.talker.drain_commands
+            engine.talker.drain_commands = value
         elif key == "gc_frozen":
             previous[key] = gc.get_freeze_count() > 0
             if value:
