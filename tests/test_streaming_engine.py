@@ -278,6 +278,44 @@ def test_a_request_aborted_before_its_prefill_lands_leaves_nothing(engine, voice
     assert copies[0].landed.is_set() is False      # freed while its copy was still "in flight"
 
 
+def test_prompt_builds_at_once_stay_within_the_bound(engine, voices, monkeypatch):
+    """With `concurrent_prompt_builds` set, at most that many threads build a prompt at a time however many requests
+    arrive, and the streams still finish; None (the default) takes the bound away."""
+    import threading
+
+    build, changed = engine.prompts.build, threading.Condition()
+    inside, most = [0], [0]
+
+    def counted_build(inputs):
+        with changed:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+            changed.notify_all()
+            changed.wait_for(lambda: most[0] >= 2, timeout=10)   # the first waits for a second to come in
+        try:
+            return build(inputs)
+        finally:
+            with changed:
+                inside[0] -= 1
+    monkeypatch.setattr(engine.prompts, "build", counted_build)
+    assert engine.concurrent_prompt_builds is None and engine._build_slots is None
+    engine.concurrent_prompt_builds = 2
+
+    async def collect(i: int):
+        request = SpeechRequest(text=f"Burst request {i}.", voice=voices["a_xvec"], max_new_tokens=3, **GREEDY)
+        return [chunk async for chunk in engine.generate(request)]
+
+    async def burst():
+        return await asyncio.gather(*(collect(i) for i in range(6)))
+    try:
+        streams = asyncio.run(burst())
+    finally:
+        engine.concurrent_prompt_builds = None
+    assert all(chunks[-1].is_finished for chunks in streams)
+    assert most[0] == 2               # two at once, never more
+    assert engine._build_slots is None
+
+
 def test_batch_config_produces_the_same_audio(engine, voices):
     request = SpeechRequest(text="Batch versus streaming.", voice=voices["a_icl"], max_new_tokens=40, **GREEDY)
     streaming = engine.synthesize(request)

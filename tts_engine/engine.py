@@ -91,6 +91,7 @@ class TTSEngine:
         self._routes_lock = threading.Lock()
         self._closed = False
         self._froze_gc = False
+        self.concurrent_prompt_builds = None
         self.connector = ChunkConnector(schedule=d.schedule, left_context_size=d.left_context_size)
         self.pipeline = AsyncDecodingPipeline(
             self.decoder, self.decoder_device, mode=d.decode_mode, max_batch_size=d.max_batch_size,
@@ -145,6 +146,24 @@ class TTSEngine:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    @property
+    def concurrent_prompt_builds(self) -> int | None:
+        """How many threads may build a prompt at once (None, the default: any number; a candidate for the next
+        GPU run, bench variants `prompt-builds-2` and `prompt-builds-1`).
+
+        Why a candidate: in a burst of 64 the executor's 20 threads build at once, and every torch call in a
+        build hands the interpreter lock back and takes it again, so Stage 0's thread gets it rarely: its first
+        step of a burst took 83 ms of wall time for 8.6 ms of its own CPU time, and ended as the last build did
+        (H200, thirteenth pass). Threads over the bound sleep on a semaphore, out of the lock's queue. Measured
+        before Stage 0 stepped between arrivals, a bound only moved the wait into the queue (twelfth pass): with
+        the loop of the thirteenth pass the steps can now run while the builds take their turns."""
+        return self._build_slots_size
+
+    @concurrent_prompt_builds.setter
+    def concurrent_prompt_builds(self, value: int | None) -> None:
+        self._build_slots_size = value
+        self._build_slots = threading.BoundedSemaphore(value) if value else None
+
     # ---- voices ----------------------------------------------------------------------------------
     def create_voice_prompt(self, ref_audio, ref_text: str | None = None,
                             x_vector_only: bool = False) -> VoicePrompt:
@@ -164,9 +183,16 @@ class TTSEngine:
         if not self.healthy:
             raise EngineClosed(f"the engine stopped working ({self.health()['error']}); it must be restarted")
         prompt_inputs, voice = self._prompt_inputs(request)
-        started = time.perf_counter()
-        prompt = self.prompts.build(prompt_inputs)
-        prompt_s = time.perf_counter() - started
+        slots = self._build_slots
+        if slots is not None:
+            slots.acquire()
+        try:
+            started = time.perf_counter()
+            prompt = self.prompts.build(prompt_inputs)
+            prompt_s = time.perf_counter() - started
+        finally:
+            if slots is not None:
+                slots.release()
         positions, limit = prompt.prefill.shape[0], self.talker_engine.max_model_len
         if positions >= limit:
             raise PromptTooLong(f"text is too long: its prompt takes {positions} positions and the engine's "
