@@ -14,7 +14,7 @@ for every shape).
 CPU time, and every thread's CPU time over the burst: whether the steps wait (for the interpreter, the GPU) or work.
 
     python3 scripts/gpu_prompt_profile.py --out $OUT                       # part 1, ~1 min
-    python3 scripts/gpu_prompt_profile.py --out $OUT --shape 1.7b --burst 64   # both parts
+    python3 scripts/gpu_prompt_profile.py --out $OUT --shape 1.7b --burst 64   # all three parts
 Results: JSON and the profiles' text under --out.
 """
 
@@ -145,7 +145,7 @@ def stage0_timeline(engine, speaker: str, burst: int) -> dict:
     talker_engine.step, engine.prompts.build = step, build
     try:
         asyncio.run(run(8))
-        for rounds in range(2):                         # the second burst is the one kept (the first warms threads)
+        for _ in range(2):                              # the second burst is the one kept (the first warms threads)
             steps.clear(), built.clear(), first_chunks.clear()
             cpu_before = thread_cpu_s()             # the loop's executor threads are new in each run: 0 before
             t0[0] = time.perf_counter()
