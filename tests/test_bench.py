@@ -277,6 +277,22 @@ def test_stream_candidates_switch_on_and_back():
     assert pipeline.drain_pending is False and pipeline.use_state_table is True
 
 
+def test_the_thirteenth_pass_variants_switch_on_and_back():
+    """Stage 0's old loop and the bound on prompt builds are switched in a running engine and undone."""
+    from types import SimpleNamespace
+
+    from tts_engine.tools.bench import VARIANTS, apply_variant
+
+    engine = SimpleNamespace(talker=SimpleNamespace(drain_commands=False), concurrent_prompt_builds=None,
+                             talker_engine=SimpleNamespace(model=SimpleNamespace(code_predictor=None)))
+    previous = apply_variant(engine, {**VARIANTS["stage0-drain-commands"], **VARIANTS["prompt-builds-2"]})
+    assert engine.talker.drain_commands is True and engine.concurrent_prompt_builds == 2
+    apply_variant(engine, VARIANTS["prompt-builds-1"])
+    assert engine.concurrent_prompt_builds == 1
+    apply_variant(engine, previous)
+    assert engine.talker.drain_commands is False and engine.concurrent_prompt_builds is None
+
+
 def test_the_worktree_id_names_the_commit_whose_files_ran(tmp_path):
     """Results from a copy of the tree without its history can be traced to the commit with the same tree."""
     import subprocess
