@@ -10,8 +10,9 @@ host-paced steps of a burst (31-41 ms of wall time for 10-19 ms of GPU work in t
 be read function by function. Needs the engine as served: `--shape 1.7b` (graphs, start-up warm-up; ~2.5 min to
 start on the H200); the default tiny checkpoint with an eager talker serves part 1 (its build is the same host calls
 for every shape).
-3. The same burst with no profiler (`--burst N`, run before part 2): each Stage 0 step's wall time beside its thread's
-CPU time, and every thread's CPU time over the burst: whether the steps wait (for the interpreter, the GPU) or work.
+3. The same burst with no profiler (`--burst N`, run before part 2, once per `--timeline-variants` entry): each Stage 0
+step's and Stage 1 call's wall time beside its thread's CPU time, and every thread's CPU time over the burst: whether
+the stages wait (for the interpreter, the GPU) or work.
 
     python3 scripts/gpu_prompt_profile.py --out $OUT                       # part 1, ~1 min
     python3 scripts/gpu_prompt_profile.py --out $OUT --shape 1.7b --burst 64   # all three parts
@@ -31,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tts_engine import SpeechRequest, TTSEngine
-from tts_engine.tools.bench import TEXTS
+from tts_engine.tools.bench import TEXTS, VARIANTS, apply_variant
 from tts_engine.tools.demo_checkpoint import build_demo_checkpoint
 
 
@@ -113,8 +114,9 @@ def stage0_timeline(engine, speaker: str, burst: int) -> dict:
 
     talker_engine = engine.talker.engine
     scheduler = talker_engine.engine.engine_core.engine_core.scheduler
-    real_step, real_build = talker_engine.step, engine.prompts.build
-    steps, built, first_chunks, t0 = [], [], [], [0.0]
+    pipeline = engine.pipeline
+    real_step, real_build, real_round = talker_engine.step, engine.prompts.build, pipeline._decode_round
+    steps, built, first_chunks, rounds, t0 = [], [], [], [], [0.0]
 
     def step():
         waiting, running = len(scheduler.waiting), len(scheduler.running)
@@ -123,6 +125,13 @@ def stage0_timeline(engine, speaker: str, burst: int) -> dict:
             return real_step()
         finally:
             steps.append((began - t0[0], time.perf_counter() - began, time.thread_time() - cpu, waiting, running))
+
+    def decode_round():               # on the Stage 1 thread: one call's wall time beside the thread's CPU time
+        began, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return real_round()
+        finally:
+            rounds.append((began - t0[0], time.perf_counter() - began, time.thread_time() - cpu))
 
     def build(inputs):
         prompt = real_build(inputs)
@@ -142,20 +151,21 @@ def stage0_timeline(engine, speaker: str, burst: int) -> dict:
         await asyncio.gather(*(one(i) for i in range(n)))
         return thread_cpu_s()
 
-    talker_engine.step, engine.prompts.build = step, build
+    talker_engine.step, engine.prompts.build, pipeline._decode_round = step, build, decode_round
     try:
         asyncio.run(run(8))
         for _ in range(2):                              # the second burst is the one kept (the first warms threads)
-            steps.clear(), built.clear(), first_chunks.clear()
+            steps.clear(), built.clear(), first_chunks.clear(), rounds.clear()
             cpu_before = thread_cpu_s()             # the loop's executor threads are new in each run: 0 before
             t0[0] = time.perf_counter()
             cpu_after = asyncio.run(run(burst))
             wall = time.perf_counter() - t0[0]
     finally:
-        talker_engine.step, engine.prompts.build = real_step, real_build
+        talker_engine.step, engine.prompts.build, pipeline._decode_round = real_step, real_build, real_round
     first_chunks.sort()
     built.sort()
     in_window = [s for s in steps if s[0] <= first_chunks[-1]]
+    calls = [r for r in rounds if r[0] <= first_chunks[-1] and r[1] > 0.0005]   # rounds that made a call
     return {
         "burst": burst, "wall_ms": round(1000 * wall, 1),
         "prompts_built_ms": [round(1000 * built[0], 1), round(1000 * built[-1], 1)],
@@ -164,10 +174,15 @@ def stage0_timeline(engine, speaker: str, burst: int) -> dict:
         "stage0_steps_to_last_first_chunk": len(in_window),
         "stage0_step_wall_ms": round(1000 * sum(s[1] for s in in_window), 1),
         "stage0_step_cpu_ms": round(1000 * sum(s[2] for s in in_window), 1),
+        "stage1_calls_to_last_first_chunk": len(calls),
+        "stage1_call_wall_ms": round(1000 * sum(r[1] for r in calls), 1),
+        "stage1_call_cpu_ms": round(1000 * sum(r[2] for r in calls), 1),
         "thread_cpu_ms": {name: round(1000 * (cpu_after.get(name, 0.0) - cpu_before.get(name, 0.0)), 1)
                           for name in sorted(cpu_after)},
         "steps": [{"at_ms": round(1000 * a, 1), "wall_ms": round(1000 * w, 2), "cpu_ms": round(1000 * c, 2),
                    "waiting": wt, "running": rn} for a, w, c, wt, rn in steps],
+        "stage1_calls": [{"at_ms": round(1000 * a, 1), "wall_ms": round(1000 * w, 2), "cpu_ms": round(1000 * c, 2)}
+                         for a, w, c in calls],
     }
 
 
@@ -182,6 +197,8 @@ def main() -> None:
     ap.add_argument("--shape", default="tiny", choices=("tiny", "1.7b"))
     ap.add_argument("--burst", type=int, default=0, help="part 2: requests at once under the Stage 0 profile")
     ap.add_argument("--config", default="configs/qwen3_tts.yaml", help="stage config (a CPU one for a dry run)")
+    ap.add_argument("--timeline-variants", default="default,stage0-drain-commands,prompt-builds-2,prompt-builds-1",
+                    help="part 3: the bench variants (tools/bench.py VARIANTS) a burst's timeline is taken with")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     folder = Path(f"/tmp/ckpt/tts_bench_{args.shape}_custom_voice")     # the one gpu_env.sh's demo_checkpoint makes
@@ -223,14 +240,19 @@ def main() -> None:
             print(mode, json.dumps(result[mode]), flush=True)
             print("\n".join(text.getvalue().splitlines()[:45]), flush=True)
         if args.burst:
-            for drain in (False, True):             # the default, then the loop before (`stage0-drain-commands`)
-                engine.talker.drain_commands = drain
-                key = "stage0_timeline" + ("_drain_commands" if drain else "")
-                result[key] = timeline = stage0_timeline(engine, speaker, args.burst)
-                print(key, json.dumps({k: v for k, v in timeline.items() if k != "steps"}), flush=True)
+            for variant in args.timeline_variants.split(","):     # each a bench variant, switched on and back
+                previous = apply_variant(engine, VARIANTS[variant])
+                try:
+                    key = "stage0_timeline" + ("" if variant == "default" else "_" + variant.replace("-", "_"))
+                    result[key] = timeline = stage0_timeline(engine, speaker, args.burst)
+                finally:
+                    apply_variant(engine, previous)
+                print(key, json.dumps({k: v for k, v in timeline.items() if k not in ("steps", "stage1_calls")}),
+                      flush=True)
                 for row in timeline["steps"]:
                     print("  step", json.dumps(row), flush=True)
-            engine.talker.drain_commands = False
+                for row in timeline["stage1_calls"]:
+                    print("  stage1 call", json.dumps(row), flush=True)
             result["stage0_burst"] = stage0_burst(engine, speaker, args.burst, args.out)
             print("stage0_burst", json.dumps(result["stage0_burst"]), flush=True)
     finally:
