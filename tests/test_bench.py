@@ -278,19 +278,23 @@ def test_stream_candidates_switch_on_and_back():
 
 
 def test_the_thirteenth_pass_variants_switch_on_and_back():
-    """Stage 0's old loop and the bound on prompt builds are switched in a running engine and undone."""
+    """Stage 0's old loop, the bound on prompt builds and eager Stage 1 opens are switched in a running engine
+    and undone."""
     from types import SimpleNamespace
 
     from tts_engine.tools.bench import VARIANTS, apply_variant
 
+    table = SimpleNamespace(lazy_open=True)
     engine = SimpleNamespace(talker=SimpleNamespace(drain_commands=False), concurrent_prompt_builds=None,
+                             pipeline=SimpleNamespace(table=table),
                              talker_engine=SimpleNamespace(model=SimpleNamespace(code_predictor=None)))
-    previous = apply_variant(engine, {**VARIANTS["stage0-drain-commands"], **VARIANTS["prompt-builds-2"]})
-    assert engine.talker.drain_commands is True and engine.concurrent_prompt_builds == 2
+    previous = apply_variant(engine, {**VARIANTS["stage0-drain-commands"], **VARIANTS["prompt-builds-2"],
+                                      **VARIANTS["stage1-eager-open"]})
+    assert engine.talker.drain_commands is True and engine.concurrent_prompt_builds == 2 and table.lazy_open is False
     apply_variant(engine, VARIANTS["prompt-builds-1"])
     assert engine.concurrent_prompt_builds == 1
     apply_variant(engine, previous)
-    assert engine.talker.drain_commands is False and engine.concurrent_prompt_builds is None
+    assert engine.talker.drain_commands is False and engine.concurrent_prompt_builds is None and table.lazy_open
 
 
 def test_the_worktree_id_names_the_commit_whose_files_ran(tmp_path):

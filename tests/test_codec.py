@@ -223,8 +223,37 @@ def test_state_table_decodes_what_per_stream_states_decode(decoder):
     assert table.positions[torch.tensor(slots)].tolist() == [done[i] for i in range(4)]
     table.close(slots[1])                              # stream 1 stops; a new stream takes its row
     slots[1], own[1], done[1] = table.open(), decoder.new_stream_state(), 0
+    table.settle()                                     # what a read of the table does first
     assert table.capacity == 4 and table.positions[slots[1]].item() == 0
     call([1, 2], 6)
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+def test_state_table_rows_of_new_streams_are_fresh_when_read(decoder, lazy):
+    """A row taken by a new stream reads as a new stream's state, whether `open` set it at once (`lazy_open` False)
+    or the next read set every row opened since in one copy per buffer; a slot closed before that read is left
+    alone, and growing the table in between keeps the pending rows pending."""
+    from tts_engine.models.qwen3_tts.codec_decoder import DecoderStateTable
+    table = DecoderStateTable(decoder, capacity=2)
+    table.lazy_open = lazy
+    first = table.open()
+    decoder.decode_rows(table, torch.tensor([first]), random_codes(5, seed=40)[None])   # a used row
+    used = [b[first].clone() for b in table.buffers]
+    table.close(first)
+    reused, closed_early, grown = table.open(), table.open(), table.open()   # the third grows the table
+    assert reused == first and table.capacity == 4
+    table.close(closed_early)
+    assert closed_early not in table._fresh
+    table.settle()
+    fresh = decoder.new_stream_state(1)
+    for slot in (reused, grown):
+        assert table.positions[slot].item() == 0
+        for row, initial in zip(table.buffers, fresh.buffers):
+            assert torch.equal(row[slot], initial[0])
+    assert any(not torch.equal(row, initial[0]) for row, initial in zip(used, fresh.buffers))   # it was not fresh
+    own = decoder.new_stream_state()
+    codes = random_codes(6, seed=41)[None]
+    assert torch.equal(decoder.decode_rows(table, torch.tensor([reused]), codes), decoder.decode_step([own], codes))
 
 
 def test_decode_step_rejects_bad_shapes(decoder):

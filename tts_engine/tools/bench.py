@@ -519,6 +519,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # each Stage 1 stream keeps a decoder state of its own (before the tenth pass): a batched call concatenates
     # every buffer in and slices every stream's out, instead of one gather and one scatter per buffer
     "stage1-per-stream-states": {"stage1_state_table": False},
+    # a new Stage 1 stream's decoder-state row is set when it opens (a copy per buffer), not with the other rows
+    # opened since at the next call (one copy per buffer for all of them; before the thirteenth pass)
+    "stage1-eager-open": {"stage1_lazy_open": False},
     # Stage 1 takes the smallest pending chunks first (a chunk passed over 8 times gets every other call; before
     # the eleventh pass), not the chunk due first
     "stage1-smallest-first": {"stage1_order": "smallest"},
@@ -633,6 +636,11 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
         elif key == "stage1_drain_pending":
             previous[key] = engine.pipeline.drain_pending
             engine.pipeline.drain_pending = value
+        elif key == "stage1_lazy_open":     # no table (a decode mode without one): nothing to switch
+            table = engine.pipeline.table
+            previous[key] = table.lazy_open if table is not None else value
+            if table is not None:
+                table.lazy_open = value
         elif key == "stage1_state_table":   # read when a stream opens: switched between levels, it holds for the next
             previous[key] = engine.pipeline.use_state_table
             engine.pipeline.use_state_table = value

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from tts_engine.models.qwen3_tts.config import CheckpointError, read_json
 from tts_engine.models.qwen3_tts.graph_capture import capture_on_device
+from tts_engine.models.qwen3_tts.sampling import to_device
 from tts_engine.models.qwen3_tts.weights import read_prefixed, weights_path
 
 log = logging.getLogger(__name__)
@@ -220,6 +221,13 @@ class DecoderStateTable:
         table = decoder.new_stream_state(capacity)
         self.buffers, self.positions = table.buffers, table.positions
         self._free = list(range(capacity - 1, -1, -1))
+        # True (the default): `open` only takes a slot; the rows of every slot opened since are set together, one
+        # `index_copy_` per buffer, before the table is next read (`settle`). False (bench variant
+        # `stage1-eager-open`, before the thirteenth pass): `open` sets its row at once, a slice and a copy per
+        # buffer (the released decoder: 29 buffers, ~60 torch calls a stream, each handing the interpreter lock back
+        # and taking it again: a burst opens 64 streams while 20 threads build their prompts).
+        self.lazy_open = True
+        self._fresh: list[int] = []
 
     @property
     def capacity(self) -> int:
@@ -227,18 +235,34 @@ class DecoderStateTable:
 
     @torch.inference_mode()       # the rows are inference tensors whether or not the table was made in that mode
     def open(self) -> int:
-        """A slot for a new stream, its row set to a new stream's state."""
+        """A slot for a new stream, its row a new stream's state by the time the table is read (see `lazy_open`)."""
         if not self._free:
             self._grow()
         slot = self._free.pop()
+        if self.lazy_open:
+            self._fresh.append(slot)
+            return slot
         for row, initial in zip(self.buffers, self._initial.buffers):
             row[slot:slot + 1].copy_(initial)
         self.positions[slot:slot + 1].copy_(self._initial.positions)
         return slot
 
+    @torch.inference_mode()
+    def settle(self) -> None:
+        """Set the rows of the slots opened since the last read to a new stream's state, all in one copy per buffer
+        (the same values a copy per slot would write)."""
+        if not self._fresh:
+            return
+        fresh, self._fresh = self._fresh, []
+        slots = to_device(fresh, torch.long, self.positions.device)
+        for row, initial in zip([*self.buffers, self.positions], [*self._initial.buffers, self._initial.positions]):
+            row.index_copy_(0, slots, initial.expand(len(fresh), *initial.shape[1:]))
+
     def close(self, slot: int) -> None:
         if slot in self._free or not 0 <= slot < self.capacity:    # two streams on one row would corrupt both
             raise ValueError(f"slot {slot} is not in use")
+        if slot in self._fresh:
+            self._fresh.remove(slot)
         self._free.append(slot)
 
     @torch.inference_mode()
@@ -253,6 +277,7 @@ class DecoderStateTable:
 
     def gather(self, slots: Tensor) -> DecoderStreamState:
         """The rows of `slots` (a device tensor of slot numbers) as one batched state."""
+        self.settle()
         return DecoderStreamState(buffers=[b.index_select(0, slots) for b in self.buffers],
                                   positions=self.positions.index_select(0, slots))
 
@@ -738,6 +763,7 @@ class Code2WavDecoder(nn.Module):
         The same samples as `decode_step` on the same states; the table is only written after a successful step."""
         if new_codes.dim() != 3 or new_codes.shape[0] != slots.shape[0]:
             raise ValueError(f"new_codes must be [B, n, Q] with B = {slots.shape[0]} slots, got {tuple(new_codes.shape)}")
+        table.settle()
         graphs = self._graphs_for(new_codes)
         if graphs is not None:
             return graphs.run_rows(new_codes, table, slots)
