@@ -254,6 +254,11 @@ def test_state_table_rows_of_new_streams_are_fresh_when_read(decoder, lazy):
     own = decoder.new_stream_state()
     codes = random_codes(6, seed=41)[None]
     assert torch.equal(decoder.decode_rows(table, torch.tensor([reused]), codes), decoder.decode_step([own], codes))
+    table.close(reused)                                # a used row again, now read by a decode with no settle before
+    again = table.open()
+    assert again == reused
+    own = decoder.new_stream_state()
+    assert torch.equal(decoder.decode_rows(table, torch.tensor([again]), codes), decoder.decode_step([own], codes))
 
 
 def test_decode_step_rejects_bad_shapes(decoder):

@@ -276,8 +276,8 @@ class DecoderStateTable:
         self._free.extend(range(2 * old - 1, old - 1, -1))
 
     def gather(self, slots: Tensor) -> DecoderStreamState:
-        """The rows of `slots` (a device tensor of slot numbers) as one batched state."""
-        self.settle()
+        """The rows of `slots` (a device tensor of slot numbers) as one batched state (rows opened since the last
+        `settle` are read as they are: `Code2WavDecoder.decode_rows`, the one reader, settles first)."""
         return DecoderStreamState(buffers=[b.index_select(0, slots) for b in self.buffers],
                                   positions=self.positions.index_select(0, slots))
 
@@ -763,7 +763,7 @@ class Code2WavDecoder(nn.Module):
         The same samples as `decode_step` on the same states; the table is only written after a successful step."""
         if new_codes.dim() != 3 or new_codes.shape[0] != slots.shape[0]:
             raise ValueError(f"new_codes must be [B, n, Q] with B = {slots.shape[0]} slots, got {tuple(new_codes.shape)}")
-        table.settle()
+        table.settle()                     # before either path reads the rows (the graphs' and `gather`)
         graphs = self._graphs_for(new_codes)
         if graphs is not None:
             return graphs.run_rows(new_codes, table, slots)
