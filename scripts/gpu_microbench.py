@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tts_engine.models.qwen3_tts.code_predictor import CodePredictor  # noqa: E402
-from tts_engine.models.qwen3_tts.codec_decoder import Code2WavConfig, Code2WavDecoder, SnakeBeta  # noqa: E402
+from tts_engine.models.qwen3_tts.codec_decoder import Code2WavConfig, Code2WavDecoder, DecoderStateTable, SnakeBeta  # noqa: E402
 from tts_engine.models.qwen3_tts.config import _read_talker, _Reader  # noqa: E402
 from tts_engine.models.qwen3_tts.sampling import BatchSampling, RowSampling  # noqa: E402
 from tts_engine.tools.demo_checkpoint import _full_decoder_config, demo_config, full_config  # noqa: E402
@@ -119,9 +119,8 @@ def _kernel_split(label: str, fn, reps: int = 10) -> dict:
             f"{base}_busy_ms": summary["busy_ms_per_frame"], f"{base}_window_ms": summary["window_ms_per_frame"]}
 
 
-def decoder_bench(shape: str, device, cases, results: list, tf32: bool) -> None:
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
+def full_decoder(device, shape: str = "full") -> Code2WavDecoder:
+    """The released decoder's shapes (or a tiny one) on random weights, in eval mode on `device`."""
     cfg = Code2WavConfig.from_dict(_full_decoder_config() if shape != "tiny" else
                                    {**_full_decoder_config(), "codebook_dim": 16, "latent_dim": 32, "hidden_size": 32,
                                     "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -135,7 +134,13 @@ def decoder_bench(shape: str, device, cases, results: list, tf32: bool) -> None:
             elif name.endswith(("alpha", "beta")):
                 p.normal_(0, 0.3)
     decoder.quantizer.refresh_codebooks()
-    decoder = decoder.to(device).eval().requires_grad_(False)
+    return decoder.to(device).eval().requires_grad_(False)
+
+
+def decoder_bench(shape: str, device, cases, results: list, tf32: bool) -> None:
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    decoder = full_decoder(device, shape)
     for b, n in cases:
         codes = torch.randint(0, 2048, (b, n, 16), device=device)
         state = decoder.new_stream_state(b)
@@ -170,10 +175,58 @@ def _decoder_graph_ms(decoder: Code2WavDecoder, b: int, n: int, device) -> float
         return timed(graph.replay, device, reps=20)
 
 
+def state_table_bench(decoder: Code2WavDecoder, device, results: list, streams: int = 64, reps: int = 5) -> None:
+    """What opening a burst of streams on Stage 1's state table costs, with `open` setting each row at once (eager)
+    and with rows set together at the next read (lazy, `DecoderStateTable.settle`): host ms of the opens and the
+    settle while the GPU is still busy with earlier work (`busy_ms` of it: a host time near that means something
+    waited for the GPU), ms until the GPU is idle, and how many new device segments (cudaMalloc calls) it took.
+    Every row is dirtied first, so `rows_fresh` checks that the opened rows read as a new stream's state."""
+    cuda = device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    segments = (lambda: torch.cuda.memory_stats().get("segment.all.allocated", 0)) if cuda else (lambda: 0)
+    busy = torch.randn(4096 if cuda else 256, 4096 if cuda else 256, device=device)
+
+    def occupy() -> None:                       # queue ~20 ms of GPU work (on CPU: do a little work)
+        for _ in range(12):
+            busy @ busy
+
+    for lazy in (False, True):
+        table = DecoderStateTable(decoder, capacity=2 * streams)
+        table.lazy_open = lazy
+        for rep in range(reps):
+            with torch.inference_mode():
+                for b in [*table.buffers, table.positions]:
+                    b.fill_(1)
+            sync()
+            before = segments()
+            t_busy = time.perf_counter()
+            occupy()
+            sync()
+            busy_ms = (time.perf_counter() - t_busy) * 1e3
+            occupy()
+            t = time.perf_counter()
+            slots = [table.open() for _ in range(streams)]
+            table.settle()
+            host_ms = (time.perf_counter() - t) * 1e3
+            sync()
+            idle_ms = (time.perf_counter() - t) * 1e3
+            fresh = all(torch.equal(b[slots], init.expand(streams, *init.shape[1:]))
+                        for b, init in zip([*table.buffers, table.positions],
+                                           [*table._initial.buffers, table._initial.positions]))
+            for slot in slots:
+                table.close(slot)
+            row = {"what": "state table opens", "lazy": lazy, "streams": streams, "rep": rep, "busy_ms": round(busy_ms, 2),
+                   "host_ms": round(host_ms, 3), "to_idle_ms": round(idle_ms, 3), "new_segments": segments() - before,
+                   "rows_fresh": fresh}
+            results.append(row)
+            print(json.dumps(row), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="micro.json")
     ap.add_argument("--skip-decoder", action="store_true")
+    ap.add_argument("--state-table", action="store_true", help="only the state table's opens, eager vs lazy (GPU)")
     ap.add_argument("--shapes", default="0.6b,1.7b", help="predictor shapes on the GPU")
     ap.add_argument("--batches", default="1,4,16,64", help="predictor batch sizes on the GPU")
     ap.add_argument("--predictor-variants", default=",".join(PREDICTOR_VARIANTS),
@@ -183,6 +236,10 @@ def main() -> None:
     results: list = []
     if device.type == "cuda":
         print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+        if args.state_table:
+            state_table_bench(full_decoder(device), device, results)
+            Path(args.out).write_text(json.dumps(results, indent=1))
+            return
         batches = tuple(int(b) for b in args.batches.split(","))
         for shape in args.shapes.split(","):
             predictor_bench(shape, device, torch.bfloat16, batches, results, args.predictor_variants.split(","))
@@ -192,6 +249,7 @@ def main() -> None:
     else:
         predictor_bench("tiny", device, torch.float32, (1, 4), results)
         decoder_bench("tiny", device, [(1, 1), (2, 4)], results, False)
+        state_table_bench(full_decoder(device, "tiny"), device, results, streams=4, reps=1)
     Path(args.out).write_text(json.dumps(results, indent=1))
 
 
