@@ -198,7 +198,7 @@ def main() -> None:
     ap.add_argument("--burst", type=int, default=0, help="part 2: requests at once under the Stage 0 profile")
     ap.add_argument("--config", default="configs/qwen3_tts.yaml", help="stage config (a CPU one for a dry run)")
     ap.add_argument("--timeline-variants",
-                    default="default,stage0-drain-commands,stage1-eager-open,prompt-builds-2,prompt-builds-1",
+                    default="default,stage1-lazy-open,switch-interval-1ms,switch-interval-0.25ms",
                     help="part 3: the bench variants (tools/bench.py VARIANTS) a burst's timeline is taken with")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

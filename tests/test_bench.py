@@ -277,24 +277,30 @@ def test_stream_candidates_switch_on_and_back():
     assert pipeline.drain_pending is False and pipeline.use_state_table is True
 
 
-def test_the_thirteenth_pass_variants_switch_on_and_back():
-    """Stage 0's old loop, the bound on prompt builds and eager Stage 1 opens are switched in a running engine
-    and undone."""
+def test_the_thirteenth_and_fourteenth_pass_variants_switch_on_and_back():
+    """Stage 0's old loop, the bound on prompt builds, lazy Stage 1 opens and the interpreter's switch interval are
+    switched in a running engine and undone."""
+    import sys
     from types import SimpleNamespace
 
     from tts_engine.tools.bench import VARIANTS, apply_variant
 
-    table = SimpleNamespace(lazy_open=True)
+    table = SimpleNamespace(lazy_open=False)
     engine = SimpleNamespace(talker=SimpleNamespace(drain_commands=False), concurrent_prompt_builds=None,
                              pipeline=SimpleNamespace(table=table),
                              talker_engine=SimpleNamespace(model=SimpleNamespace(code_predictor=None)))
+    interval = sys.getswitchinterval()
     previous = apply_variant(engine, {**VARIANTS["stage0-drain-commands"], **VARIANTS["prompt-builds-2"],
-                                      **VARIANTS["stage1-eager-open"]})
-    assert engine.talker.drain_commands is True and engine.concurrent_prompt_builds == 2 and table.lazy_open is False
-    apply_variant(engine, VARIANTS["prompt-builds-1"])
-    assert engine.concurrent_prompt_builds == 1
-    apply_variant(engine, previous)
-    assert engine.talker.drain_commands is False and engine.concurrent_prompt_builds is None and table.lazy_open
+                                      **VARIANTS["stage1-lazy-open"], **VARIANTS["switch-interval-0.25ms"]})
+    try:
+        assert engine.talker.drain_commands is True and engine.concurrent_prompt_builds == 2 and table.lazy_open
+        assert sys.getswitchinterval() == 0.00025
+        apply_variant(engine, VARIANTS["prompt-builds-1"])
+        assert engine.concurrent_prompt_builds == 1
+    finally:
+        apply_variant(engine, previous)
+    assert engine.talker.drain_commands is False and engine.concurrent_prompt_builds is None and not table.lazy_open
+    assert sys.getswitchinterval() == interval
 
 
 def test_the_worktree_id_names_the_commit_whose_files_ran(tmp_path):

@@ -519,9 +519,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # each Stage 1 stream keeps a decoder state of its own (before the tenth pass): a batched call concatenates
     # every buffer in and slices every stream's out, instead of one gather and one scatter per buffer
     "stage1-per-stream-states": {"stage1_state_table": False},
-    # a new Stage 1 stream's decoder-state row is set when it opens (a copy per buffer), not with the other rows
-    # opened since at the next call (one copy per buffer for all of them; before the thirteenth pass)
-    "stage1-eager-open": {"stage1_lazy_open": False},
+    # a candidate (switched on; the default in the thirteenth pass): a new Stage 1 stream's decoder-state row is set
+    # with the other rows opened since at the next call (one copy per buffer for all of them), not when it opens
+    "stage1-lazy-open": {"stage1_lazy_open": True},
+    # candidates (switched on): the interpreter hands its lock to a waiting thread after 1 / 0.25 ms instead of
+    # Python's 5 ms, so Stage 0 waits less behind the threads building a burst's prompts and Stage 1
+    "switch-interval-1ms": {"switch_interval_ms": 1.0},
+    "switch-interval-0.25ms": {"switch_interval_ms": 0.25},
     # Stage 1 takes the smallest pending chunks first (a chunk passed over 8 times gets every other call; before
     # the eleventh pass), not the chunk due first
     "stage1-smallest-first": {"stage1_order": "smallest"},
@@ -617,6 +621,9 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
         elif key == "stage0_drain_commands":
             previous[key] = engine.talker.drain_commands
             engine.talker.drain_commands = value
+        elif key == "switch_interval_ms":     # the whole process's (sys.setswitchinterval)
+            previous[key] = sys.getswitchinterval() * 1e3
+            sys.setswitchinterval(value / 1e3)
         elif key == "gc_frozen":
             previous[key] = gc.get_freeze_count() > 0
             if value:

@@ -221,12 +221,14 @@ class DecoderStateTable:
         table = decoder.new_stream_state(capacity)
         self.buffers, self.positions = table.buffers, table.positions
         self._free = list(range(capacity - 1, -1, -1))
-        # True (the default): `open` only takes a slot; the rows of every slot opened since are set together, one
-        # `index_copy_` per buffer, before the table is next read (`settle`). False (bench variant
-        # `stage1-eager-open`, before the thirteenth pass): `open` sets its row at once, a slice and a copy per
-        # buffer (the released decoder: 29 buffers, ~60 torch calls a stream, each handing the interpreter lock back
-        # and taking it again: a burst opens 64 streams while 20 threads build their prompts).
-        self.lazy_open = True
+        # False (the default): `open` sets its row at once, a slice and a copy per buffer (the released decoder: 29
+        # buffers, ~60 torch calls a stream). True (bench variant `stage1-lazy-open`, a candidate): `open` only takes
+        # a slot; the rows of every slot opened since are set together, one `index_copy_` per buffer, before the
+        # table is next read (`settle`). Lazy opens cost the host 40x less on the H200 (64 opens behind 32 ms of
+        # queued GPU work: 0.8-1.2 vs 40-43 ms, the eager ones blocked in the full launch queue), yet closed 64's
+        # first chunk p95 was worse with them in both runs of the fourteenth pass (226-316 vs 199-222 ms; Stage 0's
+        # first frames came later), so they are off (BENCHMARKS.md).
+        self.lazy_open = False
         self._fresh: list[int] = []
 
     @property
