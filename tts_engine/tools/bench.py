@@ -523,7 +523,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # with the other rows opened since at the next call (one copy per buffer for all of them), not when it opens
     "stage1-lazy-open": {"stage1_lazy_open": True},
     # candidates (switched on): the interpreter hands its lock to a waiting thread after 1 / 0.25 ms instead of
-    # Python's 5 ms, so Stage 0 waits less behind the threads building a burst's prompts and Stage 1
+    # Python's 5 ms, so Stage 0 might wait less behind the threads building a burst's prompts and Stage 1 (measured
+    # in the fourteenth pass: no gain)
     "switch-interval-1ms": {"switch_interval_ms": 1.0},
     "switch-interval-0.25ms": {"switch_interval_ms": 0.25},
     # Stage 1 takes the smallest pending chunks first (a chunk passed over 8 times gets every other call; before
