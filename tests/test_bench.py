@@ -278,8 +278,8 @@ def test_stream_candidates_switch_on_and_back():
 
 
 def test_the_thirteenth_and_fourteenth_pass_variants_switch_on_and_back():
-    """Stage 0's old loop, the bound on prompt builds, lazy Stage 1 opens and the interpreter's switch interval are
-    switched in a running engine and undone."""
+    """Stage 0's old loop, the bound on prompt builds, lazy Stage 1 opens, the interpreter's switch interval and the
+    submit pool are switched in a running engine and undone."""
     import sys
     from types import SimpleNamespace
 
@@ -287,20 +287,22 @@ def test_the_thirteenth_and_fourteenth_pass_variants_switch_on_and_back():
 
     table = SimpleNamespace(lazy_open=False)
     engine = SimpleNamespace(talker=SimpleNamespace(drain_commands=False), concurrent_prompt_builds=None,
-                             pipeline=SimpleNamespace(table=table),
+                             submit_threads=None, pipeline=SimpleNamespace(table=table),
                              talker_engine=SimpleNamespace(model=SimpleNamespace(code_predictor=None)))
     interval = sys.getswitchinterval()
     previous = apply_variant(engine, {**VARIANTS["stage0-drain-commands"], **VARIANTS["prompt-builds-2"],
-                                      **VARIANTS["stage1-lazy-open"], **VARIANTS["switch-interval-0.25ms"]})
+                                      **VARIANTS["stage1-lazy-open"], **VARIANTS["switch-interval-0.25ms"],
+                                      **VARIANTS["submit-threads-2"]})
     try:
         assert engine.talker.drain_commands is True and engine.concurrent_prompt_builds == 2 and table.lazy_open
+        assert engine.submit_threads == 2
         assert sys.getswitchinterval() == 0.00025
         apply_variant(engine, VARIANTS["prompt-builds-1"])
         assert engine.concurrent_prompt_builds == 1
     finally:
         apply_variant(engine, previous)
     assert engine.talker.drain_commands is False and engine.concurrent_prompt_builds is None and not table.lazy_open
-    assert sys.getswitchinterval() == interval
+    assert sys.getswitchinterval() == interval and engine.submit_threads is None
 
 
 def test_the_worktree_id_names_the_commit_whose_files_ran(tmp_path):

@@ -316,6 +316,37 @@ def test_prompt_builds_at_once_stay_within_the_bound(engine, voices, monkeypatch
     assert engine._build_slots is None
 
 
+def test_submits_run_on_the_engines_own_pool_when_set(engine, voices, monkeypatch):
+    """With `submit_threads` set, every request of a burst is submitted (its prompt built) on the engine's pool of
+    that many threads, and the streams finish; None (the default) goes back to the event loop's executor."""
+    import threading
+
+    build, threads = engine.prompts.build, []
+
+    def recorded_build(inputs):
+        threads.append(threading.current_thread().name)
+        return build(inputs)
+    monkeypatch.setattr(engine.prompts, "build", recorded_build)
+
+    async def collect(i: int):
+        request = SpeechRequest(text=f"Pool request {i}.", voice=voices["a_xvec"], max_new_tokens=3, **GREEDY)
+        return [chunk async for chunk in engine.generate(request)]
+
+    async def burst(n: int):
+        return await asyncio.gather(*(collect(i) for i in range(n)))
+    assert engine.submit_threads is None
+    engine.submit_threads = 1
+    try:
+        streams = asyncio.run(burst(6))
+    finally:
+        engine.submit_threads = None
+    assert all(chunks[-1].is_finished for chunks in streams)
+    assert len(threads) == 6 and len(set(threads)) == 1 and threads[0].startswith("tts-submit"), threads
+    threads.clear()
+    assert asyncio.run(burst(1))[0][-1].is_finished
+    assert len(threads) == 1 and not threads[0].startswith("tts-submit"), threads
+
+
 def test_batch_config_produces_the_same_audio(engine, voices):
     request = SpeechRequest(text="Batch versus streaming.", voice=voices["a_icl"], max_new_tokens=40, **GREEDY)
     streaming = engine.synthesize(request)

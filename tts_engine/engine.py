@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import AsyncIterator, Iterator
 
@@ -92,6 +93,8 @@ class TTSEngine:
         self._closed = False
         self._froze_gc = False
         self.concurrent_prompt_builds = None
+        self._submit_pool: ThreadPoolExecutor | None = None
+        self.submit_threads = None
         self.connector = ChunkConnector(schedule=d.schedule, left_context_size=d.left_context_size)
         self.pipeline = AsyncDecodingPipeline(
             self.decoder, self.decoder_device, mode=d.decode_mode, max_batch_size=d.max_batch_size,
@@ -129,6 +132,7 @@ class TTSEngine:
         if self._closed:
             return
         self._closed = True
+        self.submit_threads = None          # its threads end once the submits they hold are done
         self.talker.close()
         self.pipeline.close()
         self.talker_engine.close()
@@ -148,21 +152,44 @@ class TTSEngine:
 
     @property
     def concurrent_prompt_builds(self) -> int | None:
-        """How many threads may build a prompt at once (None, the default: any number; a candidate for the next
-        GPU run, bench variants `prompt-builds-2` and `prompt-builds-1`).
+        """How many threads may build a prompt at once (None, the default: any number; bench variants
+        `prompt-builds-2` and `prompt-builds-1`, measured and not adopted).
 
-        Why a candidate: in a burst of 64 the executor's 20 threads build at once, and every torch call in a
-        build hands the interpreter lock back and takes it again, so Stage 0's thread gets it rarely: its first
-        step of a burst took 83 ms of wall time for 8.6 ms of its own CPU time, and ended as the last build did
-        (H200, thirteenth pass). Threads over the bound sleep on a semaphore, out of the lock's queue. Measured
-        before Stage 0 stepped between arrivals, a bound only moved the wait into the queue (twelfth pass): with
-        the loop of the thirteenth pass the steps can now run while the builds take their turns."""
+        Why it was tried: in a burst of 64 the executor's 20 threads build at once, and every torch call in a build
+        hands the interpreter lock back and takes it again, so Stage 0's thread gets it rarely (H200, thirteenth
+        pass: its first step of a burst took 83 ms of wall time for 8.6 ms of its own CPU time). Threads over the
+        bound sleep on a semaphore. Measured in the fourteenth pass: one build at a time brought the first frames
+        30-50 ms sooner at p95, but the requests queued as long for their builds (closed 64 p95 225-255 ms, against
+        199-222 with no bound and eager Stage 1 opens in the same run)."""
         return self._build_slots_size
 
     @concurrent_prompt_builds.setter
     def concurrent_prompt_builds(self, value: int | None) -> None:
         self._build_slots_size = value
         self._build_slots = threading.BoundedSemaphore(value) if value else None
+
+    @property
+    def submit_threads(self) -> int | None:
+        """How many threads `generate` submits requests on (validation, the prompt's build, both stages told): None,
+        the default, is the event loop's default executor (min(32, CPUs + 4) threads: 20 on the H200 machine); a
+        number is a pool of that many threads of the engine's own. A candidate built in the fourteenth pass, not
+        measured yet (bench variants `submit-threads-1`, `submit-threads-2`).
+
+        Why: a bound on builds at once (`concurrent_prompt_builds`) let Stage 0 take its steps between builds (a
+        burst's first frames 30-50 ms sooner at p95), but each build's turn passed from one sleeping thread to the
+        next, which first had to win the interpreter back, and the requests queued as long as they gained. A pool of
+        one or two threads works through a burst's submits without handing turns around, and the default pool's
+        other threads stay out of the interpreter's queue. Its cost: a submit that clones a voice from an uploaded
+        clip (`ref_audio`) holds the pool's thread for the clone, and the submits behind it wait."""
+        return self._submit_threads
+
+    @submit_threads.setter
+    def submit_threads(self, value: int | None) -> None:
+        self._submit_threads = value
+        old, self._submit_pool = self._submit_pool, (
+            ThreadPoolExecutor(value, thread_name_prefix="tts-submit") if value else None)
+        if old is not None:
+            old.shutdown(wait=False)     # the submits already on it still run
 
     # ---- voices ----------------------------------------------------------------------------------
     def create_voice_prompt(self, ref_audio, ref_text: str | None = None,
@@ -257,7 +284,7 @@ class TTSEngine:
             return route
 
         try:
-            route = await loop.run_in_executor(None, submit)
+            route = await loop.run_in_executor(self._submit_pool, submit)
         except asyncio.CancelledError:
             # Cancelled while the submit ran on its thread: the request would otherwise run to its end with
             # nobody reading it. Set first, then abort: either this abort finds the route, or the thread sees

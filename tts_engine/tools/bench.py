@@ -502,10 +502,14 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # Stage 0 handles commands until its queue is empty before it steps (before the thirteenth pass): a burst's
     # first step waits for its last prompt
     "stage0-drain-commands": {"stage0_drain_commands": True},
-    # candidates (switched on): at most two / one prompt builds at once (measured with Stage 0's old loop in the
-    # twelfth pass, not with the thirteenth pass's)
+    # candidates (switched on): at most two / one prompt builds at once (measured in the twelfth pass with Stage 0's
+    # old loop and in the fourteenth with its new one: not adopted)
     "prompt-builds-2": {"concurrent_prompt_builds": 2},
     "prompt-builds-1": {"concurrent_prompt_builds": 1},
+    # candidates (switched on; fourteenth pass, not measured yet): requests submitted on a pool of the engine's own
+    # of one / two threads, not on the event loop's default executor (20 threads on the H200 machine)
+    "submit-threads-1": {"submit_threads": 1},
+    "submit-threads-2": {"submit_threads": 2},
     "first-chunk-once": {"initial_chunk_repeats": 1},                  # 1, 2, 4, ...: chunk 2 takes twice the steps
     # a candidate (switched on): shorter Stage 1 calls (4 x 25 frames, not 16 x 25)
     "decoder-calls-100-frames": {"decoder_batch_frames": 100},
@@ -619,6 +623,9 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
         elif key == "concurrent_prompt_builds":
             previous[key] = engine.concurrent_prompt_builds
             engine.concurrent_prompt_builds = value
+        elif key == "submit_threads":
+            previous[key] = engine.submit_threads
+            engine.submit_threads = value
         elif key == "stage0_drain_commands":
             previous[key] = engine.talker.drain_commands
             engine.talker.drain_commands = value
