@@ -172,8 +172,10 @@ class TTSEngine:
     def submit_threads(self) -> int | None:
         """How many threads `generate` submits requests on (validation, the prompt's build, both stages told): None,
         the default, is the event loop's default executor (min(32, CPUs + 4) threads: 20 on the H200 machine); a
-        number is a pool of that many threads of the engine's own. A candidate built in the fourteenth pass, not
-        measured yet (bench variants `submit-threads-1`, `submit-threads-2`).
+        number is a pool of that many threads of the engine's own. A candidate (bench variants `submit-threads-1`,
+        `submit-threads-2`): in one run on the H200 (fourteenth pass) one thread brought a burst's first frames ~55 ms
+        sooner at p95 (the builds no longer starve Stage 0) and closed 64 p95 193-203 vs 210-217 ms, inside the
+        default's spread; the requests then queued for the thread and the first chunks waited in Stage 1.
 
         Why: a bound on builds at once (`concurrent_prompt_builds`) let Stage 0 take its steps between builds (a
         burst's first frames 30-50 ms sooner at p95), but each build's turn passed from one sleeping thread to the

@@ -506,8 +506,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # old loop and in the fourteenth with its new one: not adopted)
     "prompt-builds-2": {"concurrent_prompt_builds": 2},
     "prompt-builds-1": {"concurrent_prompt_builds": 1},
-    # candidates (switched on; fourteenth pass, not measured yet): requests submitted on a pool of the engine's own
-    # of one / two threads, not on the event loop's default executor (20 threads on the H200 machine)
+    # candidates (switched on; fourteenth pass, one thread measured once): requests submitted on a pool of the
+    # engine's own of one / two threads, not on the event loop's default executor (20 threads on the H200 machine)
     "submit-threads-1": {"submit_threads": 1},
     "submit-threads-2": {"submit_threads": 2},
     "first-chunk-once": {"initial_chunk_repeats": 1},                  # 1, 2, 4, ...: chunk 2 takes twice the steps
