@@ -16,6 +16,7 @@ import dataclasses
 import logging
 import os
 import re
+import socket
 import tempfile
 import threading
 import time
@@ -443,10 +444,28 @@ def build_app(engine, library, settings: ServingSettings, lifecycle=None, option
     return app
 
 
-def serve(app, engine, lifecycle, host: str, port: int, drain_s: float) -> None:
-    """uvicorn, warm-up in the background (`/readyz` turns 200 when done), graceful stop on SIGTERM/SIGINT:
-    new work gets 503 at once, running streams get up to `drain_s` to finish, then the server exits and
-    the caller closes the engine (a second signal exits at once)."""
+def reserve_port(host: str, port: int) -> socket.socket:
+    """The app's listening address, bound before the engine loads (it listens once the app is built).
+
+    Why first: loading the engine takes a minute, and a port taken meanwhile, by another program or by the engine
+    itself (vLLM binds a free port of its own while it starts, which can be the one a caller just picked as
+    free), made the app exit only after that minute. Bound first, a taken port is a clear error at once and
+    nothing can take it during the load; connections are refused until the app listens, as before."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise SystemExit(f"cannot listen on {host}:{port}: {exc.strerror or exc} (choose another --port)") from None
+    return sock
+
+
+def serve(app, engine, lifecycle, sock: socket.socket, drain_s: float) -> None:
+    """uvicorn on `sock` (see `reserve_port`), warm-up in the background (`/readyz` turns 200 when done), graceful
+    stop on SIGTERM/SIGINT: new work gets 503 at once, running streams get up to `drain_s` to finish, then the
+    server exits and the caller closes the engine (a second signal exits at once)."""
     import threading
 
     import uvicorn
@@ -479,16 +498,23 @@ def serve(app, engine, lifecycle, host: str, port: int, drain_s: float) -> None:
         except Exception:  # noqa: BLE001 -- /healthz and /readyz tell; the server stays up to say so
             log.exception("warm-up failed")
 
+    host, port = sock.getsockname()[:2]
     server = GracefulServer(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                            timeout_graceful_shutdown=5))
     threading.Thread(target=warm, name="warm-up", daemon=True).start()
     log.info("serving on http://%s:%d (UI at /, API docs at /docs; /readyz once warm)", host, port)
-    server.run()
+    server.run(sockets=[sock])
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with reserve_port(args.host, args.port) as sock:
+        run(args, sock)
+
+
+def run(args: argparse.Namespace, sock: socket.socket) -> None:
+    """Load the engine and the voice library, build the app and serve it on `sock` until a signal stops it."""
     from tts_engine import TTSEngine
     from tts_engine.serving.lifecycle import Lifecycle
     from tts_engine.serving.voice_library import VoiceLibrary
@@ -517,7 +543,7 @@ def main(argv: list[str] | None = None) -> None:
                                        drain_s=args.drain_s)
             lifecycle = Lifecycle()
             app = build_app(engine, library, settings, lifecycle, UiOptions(demo=args.demo, downloads=Path(downloads)))
-            serve(app, engine, lifecycle, args.host, args.port, settings.drain_s)
+            serve(app, engine, lifecycle, sock, settings.drain_s)
     finally:
         engine.close()
         log.info("stopped")

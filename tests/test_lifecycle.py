@@ -85,3 +85,24 @@ def test_readiness_graceful_stop_and_clean_exit(tmp_path):
     # ours: only the reusable demo checkpoint (gradio's upload cache and torch's compile cache have fixed names)
     left = sorted(p.name for p in (tmp_path / "tmp").iterdir() if p.name.startswith("tts_"))
     assert left == ["tts_demo"], f"temporary folders left behind: {left}"
+
+
+def test_a_taken_port_is_a_clear_error_before_the_engine_loads(tmp_path):
+    """The app binds its port first: another program on it stops the start at once with a message that names the
+    address, before a minute of engine loading (and the engine's own free-port picks cannot take it meanwhile)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc, log = start_app(tmp_path, port)
+        try:
+            code = proc.wait(timeout=120)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    text = log.read_text()
+    assert code != 0, text[-2000:]
+    assert f"cannot listen on 127.0.0.1:{port}" in text and "Address already in use" in text, text[-2000:]
+    assert "demo model (random weights)" not in text, "the engine's checkpoint was prepared before the port was checked"
