@@ -40,13 +40,15 @@ CAPTURE_AUDIO = """(() => { const Original = window.RTCPeerConnection; window.__
   window.RTCPeerConnection = Wrapped;
   setInterval(async () => { for (const pc of window.__pcs) { if (pc.connectionState === 'closed') continue;
     try { (await pc.getStats()).forEach(s => { if (s.type === 'inbound-rtp' && s.kind === 'audio')
-      pc.__real = Math.max(pc.__real, (s.totalSamplesReceived || 0) - (s.concealedSamples || 0)); });
+      { pc.__real = Math.max(pc.__real, (s.totalSamplesReceived || 0) - (s.concealedSamples || 0));
+        pc.__jbMs = s.jitterBufferEmittedCount ? 1000 * s.jitterBufferDelay / s.jitterBufferEmittedCount : 0; } });
     } catch (e) {} } }, 25);
   // The audio count of every connection when a Stop click reaches the page (Playwright's own click takes
   // 100-300 ms on a loaded 2-core machine, during which audio rightly keeps playing).
   document.addEventListener('click', (e) => { const b = e.target.closest && e.target.closest('button');
     if (b && b.innerText.trim() === 'Stop') window.__atStop = window.__pcs.map(pc => pc.__real); }, true); })();"""
-PCS = "() => window.__pcs.map(pc => ({real: pc.__real, state: pc.connectionState}))"
+# (jb_ms: the mean time a sample waited in the browser's jitter buffer so far: audio there at Stop still plays)
+PCS = "() => window.__pcs.map(pc => ({real: pc.__real, state: pc.connectionState, jb_ms: pc.__jbMs || 0}))"
 STATUS_RE = r"Press|Starting|playing|Finished|RTF|Stopped|Nothing is playing|failed"
 STATUS = """(pattern) => { const re = new RegExp(pattern);
   const el = [...document.querySelectorAll('.prose')].find(e => re.test(e.innerText));
@@ -231,14 +233,16 @@ def test_speak_finish_speak_stop_speak_five_times(live_app, shots, capsys, tmp_p
         await demo.wait_audio(pc, SR // 2)
         await demo.wait_status("playing…")
         at_stop = await demo.click_stop(pc)
+        jitter_ms = (await demo.pcs())[pc]["jb_ms"]
         await demo.wait_status(r"Stopped", limit_s=10)
         after = await demo.settled(pc) - at_stop
-        assert after < AFTER_STOP_LIMIT, f"{step}: {after / SR:.2f} s of audio arrived after Stop"
+        assert after < AFTER_STOP_LIMIT, \
+            f"{step}: {after / SR:.2f} s of audio arrived after Stop (jitter buffer mean {jitter_ms:.0f} ms)"
         await until(lambda: _closed(demo, pc), f"{step}: the connection to close after Stop", 10, seen=demo.shows)
         assert not await demo.wave_moving(), f"{step}: the waveform still moves after Stop"
         if shoot:
             await demo.shot(shots, "stopped")
-        log.append(f"{step}: {after / SR:.3f} s after Stop")
+        log.append(f"{step}: {after / SR:.3f} s after Stop (jitter buffer mean {jitter_ms:.0f} ms)")
 
     async def scenario():
         async with async_playwright() as p:
