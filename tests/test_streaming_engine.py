@@ -347,6 +347,37 @@ def test_submits_run_on_the_engines_own_pool_when_set(engine, voices, monkeypatc
     assert len(threads) == 1 and not threads[0].startswith("tts-submit"), threads
 
 
+def test_a_clone_from_an_uploaded_clip_runs_off_the_submit_pool(engine, reference_clip, monkeypatch):
+    """With `submit_threads` set, a request that clones its voice from `ref_audio` is cloned on another thread, so
+    the pool's one thread never waits for a clone; its prompt is still built on the pool."""
+    import threading
+
+    where: dict[str, str] = {}
+    create, build = engine.cloner.create, engine.prompts.build
+
+    def recorded_create(*args, **kwargs):
+        where["clone"] = threading.current_thread().name
+        return create(*args, **kwargs)
+
+    def recorded_build(inputs):
+        where["build"] = threading.current_thread().name
+        return build(inputs)
+    monkeypatch.setattr(engine.cloner, "create", recorded_create)
+    monkeypatch.setattr(engine.prompts, "build", recorded_build)
+
+    async def collect():
+        request = SpeechRequest(text="A voice cloned on the way in.", ref_audio=str(reference_clip),
+                                x_vector_only=True, max_new_tokens=3, **GREEDY)
+        return [chunk async for chunk in engine.generate(request)]
+    engine.submit_threads = 1
+    try:
+        chunks = asyncio.run(collect())
+    finally:
+        engine.submit_threads = None
+    assert chunks[-1].is_finished
+    assert where["build"].startswith("tts-submit") and not where["clone"].startswith("tts-submit"), where
+
+
 def test_batch_config_produces_the_same_audio(engine, voices):
     request = SpeechRequest(text="Batch versus streaming.", voice=voices["a_icl"], max_new_tokens=40, **GREEDY)
     streaming = engine.synthesize(request)

@@ -181,8 +181,8 @@ class TTSEngine:
         burst's first frames 30-50 ms sooner at p95), but each build's turn passed from one sleeping thread to the
         next, which first had to win the interpreter back, and the requests queued as long as they gained. A pool of
         one or two threads works through a burst's submits without handing turns around, and the default pool's
-        other threads stay out of the interpreter's queue. Its cost: a submit that clones a voice from an uploaded
-        clip (`ref_audio`) holds the pool's thread for the clone, and the submits behind it wait."""
+        other threads stay out of the interpreter's queue. A request that clones a voice from an uploaded clip
+        (`ref_audio`) is cloned on the default executor first, so the pool's submits do not wait for a clone."""
         return self._submit_threads
 
     @submit_threads.setter
@@ -204,14 +204,15 @@ class TTSEngine:
         return self.cloner.create(ref_audio, ref_text, x_vector_only)
 
     # ---- synthesis -------------------------------------------------------------------------------
-    def _submit(self, request: SpeechRequest, deliver, request_id: str | None = None
-                ) -> tuple[Route, VoicePrompt | None]:
-        """Validate, build the prompt and start both stages; outputs go to `deliver` (any thread)."""
+    def _submit(self, request: SpeechRequest, deliver, request_id: str | None = None,
+                prepared: tuple[PromptInputs, VoicePrompt | None] | None = None) -> tuple[Route, VoicePrompt | None]:
+        """Validate, build the prompt and start both stages; outputs go to `deliver` (any thread). `prepared`: the
+        request's `_prompt_inputs`, made already (a voice cloned from `ref_audio` on another thread)."""
         if self._closed:
             raise EngineClosed("the engine is closed")
         if not self.healthy:
             raise EngineClosed(f"the engine stopped working ({self.health()['error']}); it must be restarted")
-        prompt_inputs, voice = self._prompt_inputs(request)
+        prompt_inputs, voice = prepared or self._prompt_inputs(request)
         slots = self._build_slots
         if slots is not None:
             slots.acquire()
@@ -279,14 +280,18 @@ class TTSEngine:
 
         abandoned = threading.Event()
 
-        def submit() -> Route:       # on an executor thread
-            route, _ = self._submit(request, deliver, request_id)
+        def submit(prepared=None) -> Route:       # on an executor thread
+            route, _ = self._submit(request, deliver, request_id, prepared)
             if abandoned.is_set():   # the caller stopped waiting while this was being submitted
                 self.abort(request_id)
             return route
 
         try:
-            route = await loop.run_in_executor(self._submit_pool, submit)
+            pool, prepared = self._submit_pool, None
+            if pool is not None and request.ref_audio is not None:
+                # a clone takes its own time: on the default executor, so the pool's submits do not wait for it
+                prepared = await loop.run_in_executor(None, self._prompt_inputs, request)
+            route = await loop.run_in_executor(pool, submit, prepared)
         except asyncio.CancelledError:
             # Cancelled while the submit ran on its thread: the request would otherwise run to its end with
             # nobody reading it. Set first, then abort: either this abort finds the route, or the thread sees
