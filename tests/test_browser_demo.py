@@ -32,7 +32,10 @@ SR = 48_000                     # Chrome counts received audio at 48 kHz
 # which made an utterance shorter than the test expects now and then: these tests speak with a seed whose
 # utterance runs to the length limit.
 FULL_LENGTH_SEED = 1
-AFTER_STOP_LIMIT = 14_400       # 0.3 s of audio may still arrive after Stop (jitter buffer, frame in flight)
+# 0.3 s of audio may still count after Stop: the page ends the received track at the click (app.py SILENCE_NOW),
+# and the 25 ms stats poll lags the click (0.07-0.11 s alone; 0.23-0.33 s before the page did that, when the
+# jitter buffer and the Stop request's round trip played on)
+AFTER_STOP_LIMIT = 14_400
 # Every RTCPeerConnection the page makes, with the most real audio (received - concealed) it has had.
 CAPTURE_AUDIO = """(() => { const Original = window.RTCPeerConnection; window.__pcs = [];
   function Wrapped(...args) { const pc = new Original(...args); pc.__real = 0; window.__pcs.push(pc); return pc; }
