@@ -329,6 +329,50 @@ def test_stop_silences_at_once_and_frees_the_engine(live_app, capsys):
     assert "playing" in results["status before Stop (b)"], results   # generation is over, the sound is not
 
 
+def test_stop_silences_the_browser_before_the_server_answers(live_app, capsys):
+    """The page ends the received audio at the Stop click itself: with the server's answer to Stop held back (every
+    queue-less call waits, the track keeps streaming), the audio counted after the click stays under the limit and
+    the connection is still open; the held calls then go through and the status says Stopped."""
+    _need_chromium()
+    from playwright.async_api import async_playwright
+
+    results: dict[str, float | int | str] = {}
+
+    async def scenario():
+        async with async_playwright() as p:
+            browser = await _browser(p)
+            demo = await DemoPage.open(browser, live_app, max_seconds=10, seed=FULL_LENGTH_SEED)
+            pc = await demo.click_speak()
+            await demo.wait_audio(pc, SR // 2)
+            release, held = asyncio.Event(), []
+
+            async def hold(route):
+                held.append(route.request.url)
+                await release.wait()
+                await route.continue_()
+            await demo.page.route("**/run/**", hold)
+            at_stop = await demo.click_stop(pc)
+            await until(lambda: _true(bool(held)), "the Stop call to reach the held route", 10)
+            results["after Stop, server not told"] = (await demo.settled(pc) - at_stop) / SR
+            results["state then"] = (await demo.pcs())[pc]["state"]
+            results["held calls"] = len(held)
+            release.set()                                   # the held calls, and any later one, go through
+            results["status"] = await demo.wait_status(r"Stopped", limit_s=10)
+            await browser.close()
+
+    try:
+        run(scenario(), 120)
+    finally:
+        with capsys.disabled():
+            print(f"\n[stop, server held] {results}")
+    assert results["after Stop, server not told"] < AFTER_STOP_LIMIT / SR, results
+    assert results["state then"] != "closed", results      # the server had not ended the stream meanwhile
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
 # ---- 3. voice lists follow the library ----------------------------------------------------------------
 def test_voice_lists_follow_api_clone_and_delete(live_app, reference_clip, shots):
     _need_chromium()
