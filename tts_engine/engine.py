@@ -208,10 +208,7 @@ class TTSEngine:
                 prepared: tuple[PromptInputs, VoicePrompt | None] | None = None) -> tuple[Route, VoicePrompt | None]:
         """Validate, build the prompt and start both stages; outputs go to `deliver` (any thread). `prepared`: the
         request's `_prompt_inputs`, made already (a voice cloned from `ref_audio` on another thread)."""
-        if self._closed:
-            raise EngineClosed("the engine is closed")
-        if not self.healthy:
-            raise EngineClosed(f"the engine stopped working ({self.health()['error']}); it must be restarted")
+        self._ensure_open()
         prompt_inputs, voice = prepared or self._prompt_inputs(request)
         slots = self._build_slots
         if slots is not None:
@@ -240,6 +237,13 @@ class TTSEngine:
                            on_decode_start=route.on_decode_start)
         self.talker.submit(request_id, prompt, sampling, route.on_frames, route.on_finish, route.on_admitted)
         return route, voice
+
+    def _ensure_open(self) -> None:
+        """Refuse new work once the engine is closed or a stage thread has died (before any of the work)."""
+        if self._closed:
+            raise EngineClosed("the engine is closed")
+        if not self.healthy:
+            raise EngineClosed(f"the engine stopped working ({self.health()['error']}); it must be restarted")
 
     def _route_done(self, request_id: str) -> None:
         with self._routes_lock:
@@ -290,6 +294,8 @@ class TTSEngine:
             pool, prepared = self._submit_pool, None
             if pool is not None and request.ref_audio is not None:
                 # a clone takes its own time: on the default executor, so the pool's submits do not wait for it
+                # (not for a closed or broken engine: refused first, as `_submit` refuses before any work)
+                self._ensure_open()
                 prepared = await loop.run_in_executor(None, self._prompt_inputs, request)
             route = await loop.run_in_executor(pool, submit, prepared)
         except asyncio.CancelledError:
