@@ -2,8 +2,8 @@
 
 1. Prompt builds. At closed 64 a build takes 17-21 ms at the median and ~2 ms when builds run one at a time
 (BENCHMARKS.md, twelfth pass). This times builds of the bench's texts on an idle engine: one thread (p50, p95), under
-cProfile (the calls that took the host's time), and 64 at once on 20 threads (a burst's builds alone, without the
-stages stepping).
+cProfile (the calls that took the host's time), 64 at once on 20 threads (a burst's builds alone, without the
+stages stepping), and 64 in one `build_many` call (what batched submits do).
 2. Stage 0's steps (`--burst N`): N requests of the bench's texts at once, with every `engine.step()` of the Stage 0
 thread under cProfile (vLLM's scheduling and input preparation, our step hooks, the graphs' replays), so the
 host-paced steps of a burst (31-41 ms of wall time for 10-19 ms of GPU work in the twelfth pass's burst profile) can
@@ -30,6 +30,8 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import torch
 
 from tts_engine import SpeechRequest, TTSEngine
 from tts_engine.tools.bench import TEXTS, VARIANTS, apply_variant
@@ -115,7 +117,7 @@ def stage0_timeline(engine, speaker: str, burst: int) -> dict:
     talker_engine = engine.talker.engine
     scheduler = talker_engine.engine.engine_core.engine_core.scheduler
     pipeline = engine.pipeline
-    real_step, real_build, real_round = talker_engine.step, engine.prompts.build, pipeline._decode_round
+    real_step, real_build, real_round = talker_engine.step, engine.prompts.build_many, pipeline._decode_round
     steps, built, first_chunks, rounds, t0 = [], [], [], [], [0.0]
 
     def step():
@@ -133,10 +135,10 @@ def stage0_timeline(engine, speaker: str, burst: int) -> dict:
         finally:
             rounds.append((began - t0[0], time.perf_counter() - began, time.thread_time() - cpu))
 
-    def build(inputs):
-        prompt = real_build(inputs)
-        built.append(time.perf_counter() - t0[0])
-        return prompt
+    def build(inputs):               # a call builds one prompt, or a batch of them (`batch_submits`)
+        prompts = real_build(inputs)
+        built.extend([time.perf_counter() - t0[0]] * len(inputs))
+        return prompts
 
     async def run(n: int) -> dict[str, float]:
         """The burst; returns the threads' CPU times before the loop's executor threads are shut down."""
@@ -151,7 +153,7 @@ def stage0_timeline(engine, speaker: str, burst: int) -> dict:
         await asyncio.gather(*(one(i) for i in range(n)))
         return thread_cpu_s()
 
-    talker_engine.step, engine.prompts.build, pipeline._decode_round = step, build, decode_round
+    talker_engine.step, engine.prompts.build_many, pipeline._decode_round = step, build, decode_round
     try:
         asyncio.run(run(8))
         for _ in range(2):                              # the second burst is the one kept (the first warms threads)
@@ -161,7 +163,7 @@ def stage0_timeline(engine, speaker: str, burst: int) -> dict:
             cpu_after = asyncio.run(run(burst))
             wall = time.perf_counter() - t0[0]
     finally:
-        talker_engine.step, engine.prompts.build, pipeline._decode_round = real_step, real_build, real_round
+        talker_engine.step, engine.prompts.build_many, pipeline._decode_round = real_step, real_build, real_round
     first_chunks.sort()
     built.sort()
     in_window = [s for s in steps if s[0] <= first_chunks[-1]]
@@ -198,7 +200,7 @@ def main() -> None:
     ap.add_argument("--burst", type=int, default=0, help="part 2: requests at once under the Stage 0 profile")
     ap.add_argument("--config", default="configs/qwen3_tts.yaml", help="stage config (a CPU one for a dry run)")
     ap.add_argument("--timeline-variants",
-                    default="default,stage1-lazy-open,switch-interval-1ms,switch-interval-0.25ms",
+                    default="default,submit-threads-1,batched-submits",
                     help="part 3: the bench variants (tools/bench.py VARIANTS) a burst's timeline is taken with")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -233,7 +235,21 @@ def main() -> None:
                 begun = time.perf_counter()
                 burst = list(pool.map(lambda i: timed_builds(engine, [inputs[i % len(inputs)]], 1)[0], range(64)))
                 makespan = time.perf_counter() - begun
+            together = []
+            for _ in range(5):                                     # all 64 in one `build_many` (batched submits)
+                begun = time.perf_counter()
+                for prompt in engine.prompts.build_many([inputs[i % len(inputs)] for i in range(64)]):
+                    prompt.wait_for_prefill()
+                together.append(time.perf_counter() - begun)
+            batch = engine.prompts.build_many(inputs)              # bit for bit what each prompt is alone
+            alone_built = [engine.prompts.build(x) for x in inputs]
+            for prompt in [*batch, *alone_built]:
+                if prompt.ready is not None:
+                    prompt.ready.synchronize()
+            same = all(torch.equal(getattr(a, f), getattr(b, f)) for a, b in zip(batch, alone_built)
+                       for f in ("prefill", "trailing", "tts_pad"))
             result[mode] = {"alone_ms_p50": ms(alone, 50), "alone_ms_p95": ms(alone, 95),
+                            "build_many_64_ms_p50": ms(together[1:], 50), "build_many_bits_equal_build": same,
                             "alone_ms_mean": round(1000 * statistics.fmean(alone), 3),
                             "burst_64_on_20_threads_ms_p50": ms(burst, 50), "burst_ms_p95": ms(burst, 95),
                             "burst_all_64_built_ms": round(1000 * makespan, 1),

@@ -277,9 +277,9 @@ def test_stream_candidates_switch_on_and_back():
     assert pipeline.drain_pending is False and pipeline.use_state_table is True
 
 
-def test_the_thirteenth_and_fourteenth_pass_variants_switch_on_and_back():
-    """Stage 0's old loop, the bound on prompt builds, lazy Stage 1 opens, the interpreter's switch interval and the
-    submit pool are switched in a running engine and undone."""
+def test_the_thirteenth_to_fifteenth_pass_variants_switch_on_and_back():
+    """Stage 0's old loop, the bound on prompt builds, lazy Stage 1 opens, the interpreter's switch interval, the
+    submit pool and batched submits are switched in a running engine and undone."""
     import sys
     from types import SimpleNamespace
 
@@ -287,7 +287,7 @@ def test_the_thirteenth_and_fourteenth_pass_variants_switch_on_and_back():
 
     table = SimpleNamespace(lazy_open=False)
     engine = SimpleNamespace(talker=SimpleNamespace(drain_commands=False), concurrent_prompt_builds=None,
-                             submit_threads=None, pipeline=SimpleNamespace(table=table),
+                             submit_threads=None, batch_submits=False, pipeline=SimpleNamespace(table=table),
                              talker_engine=SimpleNamespace(model=SimpleNamespace(code_predictor=None)))
     interval = sys.getswitchinterval()
     previous = apply_variant(engine, {**VARIANTS["stage0-drain-commands"], **VARIANTS["prompt-builds-2"],
@@ -299,10 +299,14 @@ def test_the_thirteenth_and_fourteenth_pass_variants_switch_on_and_back():
         assert sys.getswitchinterval() == 0.00025
         apply_variant(engine, VARIANTS["prompt-builds-1"])
         assert engine.concurrent_prompt_builds == 1
+        batched = apply_variant(engine, VARIANTS["batched-submits"])
+        assert engine.batch_submits is True and engine.submit_threads == 1
+        apply_variant(engine, batched)
+        assert engine.batch_submits is False and engine.submit_threads == 2
     finally:
         apply_variant(engine, previous)
     assert engine.talker.drain_commands is False and engine.concurrent_prompt_builds is None and not table.lazy_open
-    assert sys.getswitchinterval() == interval and engine.submit_threads is None
+    assert sys.getswitchinterval() == interval and engine.submit_threads is None and engine.batch_submits is False
 
 
 def test_the_worktree_id_names_the_commit_whose_files_ran(tmp_path):

@@ -88,6 +88,44 @@ def test_cached_prompt_parts_equal_freshly_built_ones(engine):
     assert one.prefill.shape[0] == plain.prefill.shape[0] + 1, "the speaker vector's row is missing"
 
 
+def test_prompts_built_together_equal_prompts_built_alone(engine):
+    """`build_many` (a burst's prompts in one call: one tokenizer call, one upload, one host buffer) gives every
+    prompt the bits `build` gives it alone, in both text modes, with and without the host pieces' caches; a prompt
+    that cannot be built fails alone, its error in its place."""
+    import torch
+
+    from tts_engine.models.qwen3_tts.prompt import PromptInputs
+    hidden = engine.prompts.text.linear_fc2.out_features
+    vector = torch.randn(hidden, generator=torch.Generator().manual_seed(3))
+    cases = [PromptInputs(text="Hi", language="english", speaker="ryan", non_streaming_mode=True),
+             PromptInputs(text="A longer sentence, with a comma and more words in it.", language="auto",
+                          speaker="eric", non_streaming_mode=True),
+             PromptInputs(text="I have news.", language="english", speaker="vivian", instruct="Speak slowly."),
+             PromptInputs(text="Yes.", language="chinese", speaker_vector=vector, non_streaming_mode=True),
+             PromptInputs(text="Streaming a step at a time.", language="english", speaker="dylan"),
+             PromptInputs(text="Nobody's voice, the whole text at once.", language="chinese",
+                          non_streaming_mode=True)]
+    bad = PromptInputs(text="Unknown language.", language="klingon", speaker="ryan", non_streaming_mode=True)
+    prompts = engine.prompts
+
+    def same(alone, together):
+        for prompt in (alone, together):
+            if prompt.ready is not None:       # on a GPU: the copies and the trailing text's kernels
+                prompt.ready.synchronize()
+        return all(torch.equal(getattr(alone, field), getattr(together, field))
+                   for field in ("prefill", "trailing", "tts_pad"))
+    for cache in (True, False):
+        prompts.cache_prefills = cache
+        try:
+            alone = [prompts.build(case) for case in cases]
+            together = prompts.build_many(cases[:3] + [bad] + cases[3:])
+        finally:
+            prompts.cache_prefills = True
+        assert isinstance(together.pop(3), KeyError), "the bad prompt's own error, in its place"
+        assert all(same(a, t) for a, t in zip(alone, together)), f"cache_prefills={cache}"
+    assert prompts.build_many([]) == []
+
+
 def test_host_rows_keep_the_most_recently_used_up_to_their_capacity():
     import torch
 

@@ -13,7 +13,7 @@ import torch
 
 from tests.conftest import REFERENCE_TEXT
 from tests.fidelity import engine_fixture
-from tts_engine import SpeechRequest
+from tts_engine import RequestError, SpeechRequest
 from tts_engine.config import ChunkSchedule, load_stage_config
 from tts_engine.processors.qwen3_tts import ChunkConnector, talker2code2wav_async_chunk
 from tts_engine.stages.route import Route
@@ -166,13 +166,13 @@ def test_a_caller_that_gives_up_while_its_request_is_submitted_leaves_nothing_ru
     must not run on to its end with nobody reading it: the engine aborts it once it is in."""
     import threading
 
-    build, building, release = engine.prompts.build, threading.Event(), threading.Event()
+    build, building, release = engine.prompts.build_many, threading.Event(), threading.Event()
 
     def held_build(inputs):
         building.set()
         release.wait(30)
         return build(inputs)
-    monkeypatch.setattr(engine.prompts, "build", held_build)
+    monkeypatch.setattr(engine.prompts, "build_many", held_build)
     request = SpeechRequest(text="Nobody will hear this. " * 4, voice=voices["a_xvec"], max_new_tokens=400, **GREEDY)
 
     async def give_up():
@@ -212,14 +212,15 @@ class _CopyInFlight:
 
 def _copies_in_flight(engine, monkeypatch) -> list[_CopyInFlight]:
     """Every prompt built from here on is marked as still being copied to the host, until its copy lands."""
-    build, copies = engine.prompts.build, []
+    build, copies = engine.prompts.build_many, []
 
     def build_in_flight(inputs):
-        prompt = build(inputs)
-        prompt.prefill_pending, prompt.ready = True, _CopyInFlight()
-        copies.append(prompt.ready)
-        return prompt
-    monkeypatch.setattr(engine.prompts, "build", build_in_flight)
+        prompts = build(inputs)
+        for prompt in prompts:
+            prompt.prefill_pending, prompt.ready = True, _CopyInFlight()
+            copies.append(prompt.ready)
+        return prompts
+    monkeypatch.setattr(engine.prompts, "build_many", build_in_flight)
     return copies
 
 
@@ -283,7 +284,7 @@ def test_prompt_builds_at_once_stay_within_the_bound(engine, voices, monkeypatch
     arrive, and the streams still finish; None (the default) takes the bound away."""
     import threading
 
-    build, changed = engine.prompts.build, threading.Condition()
+    build, changed = engine.prompts.build_many, threading.Condition()
     inside, most = [0], [0]
 
     def counted_build(inputs):
@@ -297,7 +298,7 @@ def test_prompt_builds_at_once_stay_within_the_bound(engine, voices, monkeypatch
         finally:
             with changed:
                 inside[0] -= 1
-    monkeypatch.setattr(engine.prompts, "build", counted_build)
+    monkeypatch.setattr(engine.prompts, "build_many", counted_build)
     assert engine.concurrent_prompt_builds is None and engine._build_slots is None
     engine.concurrent_prompt_builds = 2
 
@@ -321,12 +322,12 @@ def test_submits_run_on_the_engines_own_pool_when_set(engine, voices, monkeypatc
     that many threads, and the streams finish; None (the default) goes back to the event loop's executor."""
     import threading
 
-    build, threads = engine.prompts.build, []
+    build, threads = engine.prompts.build_many, []
 
     def recorded_build(inputs):
         threads.append(threading.current_thread().name)
         return build(inputs)
-    monkeypatch.setattr(engine.prompts, "build", recorded_build)
+    monkeypatch.setattr(engine.prompts, "build_many", recorded_build)
 
     async def collect(i: int):
         request = SpeechRequest(text=f"Pool request {i}.", voice=voices["a_xvec"], max_new_tokens=3, **GREEDY)
@@ -347,13 +348,74 @@ def test_submits_run_on_the_engines_own_pool_when_set(engine, voices, monkeypatc
     assert len(threads) == 1 and not threads[0].startswith("tts-submit"), threads
 
 
+def test_batched_submits_build_a_burst_together_and_each_request_streams_what_it_streams_alone(engine, voices,
+                                                                                             monkeypatch):
+    """With `batch_submits`, the submit thread takes every request waiting and builds their prompts in one
+    `build_many`: a burst of eight is built in at most two calls (the first may start alone), each request streams
+    the codes and audio it streams alone (cloned voices with and without reference codes, both text modes), and a
+    bad request in the burst fails alone with its own error while the others stream."""
+    texts = ["One small step.", "The rain in Spain stays mainly in the plain.", "Hello, hello, can you hear me?",
+             "Seven swans a swimming.", "A different sentence with numbers 1, 2, 3.", "Short.",
+             "What a wonderful world it is.", "The end of the list, at last."]
+    names = ["a_xvec", "b_icl", "b_xvec", "a_icl"] * 2
+    requests = [SpeechRequest(text=t, voice=voices[v], non_streaming_mode=i % 3 == 0, max_new_tokens=12 + 2 * i,
+                              **GREEDY) for i, (t, v) in enumerate(zip(texts, names))]
+    bad = [SpeechRequest(text="   ", voice=voices["a_xvec"], **GREEDY),                    # fails its validation
+           SpeechRequest(text="Too hot.", voice=voices["a_xvec"], temperature=-1.0)]      # fails as it starts
+
+    async def one(r):
+        chunks = [c async for c in engine.generate(r)]
+        return (np.concatenate([c.codec_codes for c in chunks if _frames(c)]),
+                np.concatenate([c.audio for c in chunks]))
+
+    async def solo_runs():
+        return [await one(r) for r in requests]
+    solo = asyncio.run(solo_runs())
+
+    submit_many, build_many, taken, built = engine._submit_many, engine.prompts.build_many, [], []
+    burst = len(requests) + len(bad)
+
+    def recorded_submit_many(submissions):
+        if not taken:      # the first batch waits until the rest of the burst waits for the thread
+            _wait_until(lambda: len(engine._waiting_submits) + len(submissions) == burst, "the burst waits")
+        taken.append(len(submissions))
+        return submit_many(submissions)
+
+    def recorded_build_many(inputs):
+        built.append(len(inputs))
+        return build_many(inputs)
+    monkeypatch.setattr(engine, "_submit_many", recorded_submit_many)
+    monkeypatch.setattr(engine.prompts, "build_many", recorded_build_many)
+
+    async def together():
+        return await asyncio.gather(*(one(r) for r in [*requests, *bad]), return_exceptions=True)
+    assert engine.batch_submits is False
+    engine.submit_threads, engine.batch_submits = 1, True
+    try:
+        results = asyncio.run(together())
+    finally:
+        engine.submit_threads, engine.batch_submits = None, False
+    for i, ((codes0, audio0), result) in enumerate(zip(solo, results)):
+        assert not isinstance(result, BaseException), f"request {i}: {result!r}"
+        codes, audio = result
+        assert np.array_equal(codes0, codes), f"request {i}: codes changed when built with the burst"
+        assert audio0.shape == audio.shape and float(np.abs(audio0 - audio).max()) <= 1e-4, f"request {i}"
+    empty, hot = results[len(requests):]
+    assert isinstance(empty, RequestError) and "text is empty" in str(empty)
+    assert isinstance(hot, RequestError) and "temperature" in str(hot)
+    assert len(taken) <= 2 and sum(taken) == burst, taken
+    assert sum(built) == burst - 1 and max(built) > 1, built      # the empty text is never built
+    engine.drain()
+    assert engine.debug_state() == {k: set() for k in engine.debug_state()}
+
+
 def test_a_clone_from_an_uploaded_clip_runs_off_the_submit_pool(engine, reference_clip, monkeypatch):
     """With `submit_threads` set, a request that clones its voice from `ref_audio` is cloned on another thread, so
     the pool's one thread never waits for a clone; its prompt is still built on the pool."""
     import threading
 
     where: dict[str, str] = {}
-    create, build = engine.cloner.create, engine.prompts.build
+    create, build = engine.cloner.create, engine.prompts.build_many
 
     def recorded_create(*args, **kwargs):
         where["clone"] = threading.current_thread().name
@@ -363,7 +425,7 @@ def test_a_clone_from_an_uploaded_clip_runs_off_the_submit_pool(engine, referenc
         where["build"] = threading.current_thread().name
         return build(inputs)
     monkeypatch.setattr(engine.cloner, "create", recorded_create)
-    monkeypatch.setattr(engine.prompts, "build", recorded_build)
+    monkeypatch.setattr(engine.prompts, "build_many", recorded_build)
 
     async def collect():
         request = SpeechRequest(text="A voice cloned on the way in.", ref_audio=str(reference_clip),

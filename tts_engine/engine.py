@@ -14,9 +14,9 @@ import queue
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import AsyncIterator, Iterator
+from typing import AsyncIterator, Callable, Iterator
 
 import numpy as np
 import torch
@@ -84,7 +84,8 @@ class TTSEngine:
         self.prompts = PromptBuilder(
             config, lambda s: self.tokenizer(s)["input_ids"], self.text_embedder,
             codec_embed=embed_tokens,
-            frame_embed=lambda codes: model.code_predictor.embed_codes(codes, embed_tokens.weight))
+            frame_embed=lambda codes: model.code_predictor.embed_codes(codes, embed_tokens.weight),
+            tokenize_many=lambda texts: self.tokenizer(texts)["input_ids"])
         self.decoder = Code2WavDecoder.from_folder(config.path / "speech_tokenizer", device=self.decoder_device,
                                                    dtype=torch.float32)
         self.cloner = VoiceCloner(config, self.device) if config.model_type == "base" else None
@@ -95,6 +96,9 @@ class TTSEngine:
         self.concurrent_prompt_builds = None
         self._submit_pool: ThreadPoolExecutor | None = None
         self.submit_threads = None
+        self.batch_submits = False
+        self._waiting_submits: list[_Waiting] = []
+        self._waiting_lock = threading.Lock()
         self.connector = ChunkConnector(schedule=d.schedule, left_context_size=d.left_context_size)
         self.pipeline = AsyncDecodingPipeline(
             self.decoder, self.decoder_device, mode=d.decode_mode, max_batch_size=d.max_batch_size,
@@ -193,6 +197,23 @@ class TTSEngine:
         if old is not None:
             old.shutdown(wait=False)     # the submits already on it still run
 
+    @property
+    def batch_submits(self) -> bool:
+        """Whether `generate`'s requests that wait for a submit thread are submitted together (False, the default;
+        bench variant `batched-submits`, with a pool of one thread): one thread takes every request waiting and
+        validates them, builds their prompts in one `PromptBuilder.build_many` (one tokenizer call, one upload of
+        their ids, one host buffer, one event; each text still projected alone, so the bits are each request's
+        own) and starts them in both stages.
+
+        Why: with one submit thread (`submit_threads`), a burst of 64 waited for its builds one after another (H200,
+        fifteenth pass: the last of 64 prompts built 176 ms after the burst began, 1.6 ms of the submit thread's CPU
+        time a request), while Stage 0 prefilled them a few at a time as they came."""
+        return self._batch_submits
+
+    @batch_submits.setter
+    def batch_submits(self, value: bool) -> None:
+        self._batch_submits = bool(value)
+
     # ---- voices ----------------------------------------------------------------------------------
     def create_voice_prompt(self, ref_audio, ref_text: str | None = None,
                             x_vector_only: bool = False) -> VoicePrompt:
@@ -208,35 +229,85 @@ class TTSEngine:
                 prepared: tuple[PromptInputs, VoicePrompt | None] | None = None) -> tuple[Route, VoicePrompt | None]:
         """Validate, build the prompt and start both stages; outputs go to `deliver` (any thread). `prepared`: the
         request's `_prompt_inputs`, made already (a voice cloned from `ref_audio` on another thread)."""
-        self._ensure_open()
-        prompt_inputs, voice = prepared or self._prompt_inputs(request)
+        started = self._submit_many([Submission(request, deliver, request_id, prepared)])[0]
+        if isinstance(started, Exception):
+            raise started
+        return started
+
+    def _submit_many(self, submissions: list["Submission"]) -> list["tuple[Route, VoicePrompt | None] | Exception"]:
+        """`_submit` for requests that arrived together, in order, an exception in place of each that failed (one bad
+        request fails alone): their prompts are built in one `build_many` (one tokenizer call, one upload, one host
+        buffer), then each request is started in both stages."""
+        results: list = [None] * len(submissions)
+        valid: list[tuple[int, PromptInputs, VoicePrompt | None]] = []
+        for i, submission in enumerate(submissions):
+            try:
+                self._ensure_open()
+                valid.append((i, *(submission.prepared or self._prompt_inputs(submission.request))))
+            except Exception as exc:
+                results[i] = exc
+        if not valid:
+            return results
         slots = self._build_slots
         if slots is not None:
             slots.acquire()
         try:
             started = time.perf_counter()
-            prompt = self.prompts.build(prompt_inputs)
+            prompts = self.prompts.build_many([inputs for _, inputs, _ in valid])
             prompt_s = time.perf_counter() - started
         finally:
             if slots is not None:
                 slots.release()
+        for (i, inputs, voice), prompt in zip(valid, prompts):
+            try:
+                if isinstance(prompt, Exception):
+                    raise prompt
+                results[i] = self._start(submissions[i], inputs, prompt, prompt_s), voice
+            except Exception as exc:
+                results[i] = exc
+        return results
+
+    def _start(self, submission: "Submission", inputs: PromptInputs, prompt, prompt_s: float) -> Route:
+        """Register a request whose prompt is built and hand it to both stages."""
+        request = submission.request
         positions, limit = prompt.prefill.shape[0], self.talker_engine.max_model_len
         if positions >= limit:
             raise PromptTooLong(f"text is too long: its prompt takes {positions} positions and the engine's "
                                 f"max_model_len is {limit}; split the text or raise max_model_len")
         sampling = self._sampling(request)
-        request_id = request_id or uuid.uuid4().hex
+        request_id = submission.request_id or uuid.uuid4().hex
         trimmer = LeadingSilenceTrimmer(SAMPLE_RATE) if request.trim_leading_silence else None
-        route = Route(request_id, self.settings.talker.processor, self.connector, self.pipeline, deliver,
+        route = Route(request_id, self.settings.talker.processor, self.connector, self.pipeline, submission.deliver,
                       self._route_done, self.decoder_device, trimmer, prompt_s)
         with self._routes_lock:
             if request_id in self._routes:
                 raise RequestError(f"request id {request_id!r} is already running")
             self._routes[request_id] = route
-        self.pipeline.open(request_id, route.on_output, context_codes=prompt_inputs.ref_codes,
+        self.pipeline.open(request_id, route.on_output, context_codes=inputs.ref_codes,
                            on_decode_start=route.on_decode_start)
         self.talker.submit(request_id, prompt, sampling, route.on_frames, route.on_finish, route.on_admitted)
-        return route, voice
+        return route
+
+    def _submit_waiting(self) -> None:
+        """On a submit thread (`batch_submits`): take every submit waiting and submit them together. The thread that
+        finds none waiting (another took its submit with theirs) returns at once."""
+        with self._waiting_lock:
+            taken, self._waiting_submits = self._waiting_submits, []
+        live = [waiting for waiting in taken if waiting.future.set_running_or_notify_cancel()]
+        if not live:
+            return
+        try:
+            results = self._submit_many([waiting.submission for waiting in live])
+        except BaseException as exc:          # nothing may be left waiting forever
+            results = [exc] * len(live)
+        for waiting, result in zip(live, results):
+            if isinstance(result, BaseException):
+                waiting.future.set_exception(result)
+                continue
+            route, _ = result
+            if waiting.abandoned.is_set():    # the caller stopped waiting while this was being submitted
+                self.abort(route.request_id)
+            waiting.future.set_result(route)
 
     def _ensure_open(self) -> None:
         """Refuse new work once the engine is closed or a stage thread has died (before any of the work)."""
@@ -292,12 +363,23 @@ class TTSEngine:
 
         try:
             pool, prepared = self._submit_pool, None
-            if pool is not None and request.ref_audio is not None:
+            if (pool is not None or self.batch_submits) and request.ref_audio is not None:
                 # a clone takes its own time: on the default executor, so the pool's submits do not wait for it
                 # (not for a closed or broken engine: refused first, as `_submit` refuses before any work)
                 self._ensure_open()
                 prepared = await loop.run_in_executor(None, self._prompt_inputs, request)
-            route = await loop.run_in_executor(pool, submit, prepared)
+            if self.batch_submits:
+                waiting = _Waiting(Submission(request, deliver, request_id, prepared), Future(), abandoned)
+                with self._waiting_lock:
+                    self._waiting_submits.append(waiting)
+                try:
+                    loop.run_in_executor(pool, self._submit_waiting)
+                except RuntimeError:          # the pool shut down meanwhile (`submit_threads` changed)
+                    if waiting.future.cancel():   # still waiting: nobody will submit it
+                        raise
+                route = await asyncio.wrap_future(waiting.future)
+            else:
+                route = await loop.run_in_executor(pool, submit, prepared)
         except asyncio.CancelledError:
             # Cancelled while the submit ran on its thread: the request would otherwise run to its end with
             # nobody reading it. Set first, then abort: either this abort finds the route, or the thread sees
@@ -566,6 +648,25 @@ class TTSEngine:
             repetition_penalty=penalty, max_new_tokens=max_new, min_new_tokens=min_new, seed=r.seed,
             subtalker=RowSampling(do_sample=pick(r.subtalker_do_sample, g.subtalker_do_sample),
                                   temperature=sub_t, top_k=sub_k, top_p=sub_p, generator=generator))
+
+
+@dataclasses.dataclass
+class Submission:
+    """One request to submit: what `_submit` takes."""
+
+    request: SpeechRequest
+    deliver: Callable[[object], None]
+    request_id: str | None = None
+    prepared: tuple[PromptInputs, VoicePrompt | None] | None = None
+
+
+@dataclasses.dataclass
+class _Waiting:
+    """A submission waiting for a submit thread (`batch_submits`), its caller's future and abandoned flag."""
+
+    submission: Submission
+    future: Future
+    abandoned: threading.Event
 
 
 def _device_of(settings: StageConfig) -> str:

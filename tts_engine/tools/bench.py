@@ -510,6 +510,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # engine's own of one / two threads, not on the event loop's default executor (20 threads on the H200 machine)
     "submit-threads-1": {"submit_threads": 1},
     "submit-threads-2": {"submit_threads": 2},
+    # a candidate (switched on): one submit thread that takes every waiting request and builds their prompts together
+    "batched-submits": {"submit_threads": 1, "batch_submits": True},
     "first-chunk-once": {"initial_chunk_repeats": 1},                  # 1, 2, 4, ...: chunk 2 takes twice the steps
     # a candidate (switched on): shorter Stage 1 calls (4 x 25 frames, not 16 x 25)
     "decoder-calls-100-frames": {"decoder_batch_frames": 100},
@@ -626,6 +628,9 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
         elif key == "submit_threads":
             previous[key] = engine.submit_threads
             engine.submit_threads = value
+        elif key == "batch_submits":
+            previous[key] = engine.batch_submits
+            engine.batch_submits = value
         elif key == "stage0_drain_commands":
             previous[key] = engine.talker.drain_commands
             engine.talker.drain_commands = value

@@ -132,6 +132,11 @@ def instruct_text(text: str) -> str:
     return f"<|im_start|>user\n{text}<|im_end|>\n"
 
 
+def _voice_vector(p: PromptInputs) -> torch.Tensor | None:
+    """The speaker vector the prompt carries: none for a preset speaker, who wins, as in the reference."""
+    return None if p.speaker else p.speaker_vector
+
+
 def _fingerprint(vector: torch.Tensor | None) -> tuple | None:
     """A speaker vector's dtype, shape and bytes, the key of its prompt pieces (() for no vector); None for a vector
     on a device, whose bytes would cost a wait for the GPU (the cloner and the voice library keep them on the host)."""
@@ -146,10 +151,13 @@ def _fingerprint(vector: torch.Tensor | None) -> tuple | None:
 class PromptBuilder:
     def __init__(self, config: Qwen3TTSConfig, tokenizer: Callable[[str], list[int]], text: TextEmbedder,
                  codec_embed: Callable[[torch.Tensor], torch.Tensor],
-                 frame_embed: Callable[[torch.Tensor], torch.Tensor]):
-        """codec_embed(ids [n]) -> [n, H] is C(); frame_embed(codes [T,16]) -> [T, H] sums all codebooks."""
+                 frame_embed: Callable[[torch.Tensor], torch.Tensor],
+                 tokenize_many: Callable[[list[str]], list[list[int]]] | None = None):
+        """codec_embed(ids [n]) -> [n, H] is C(); frame_embed(codes [T,16]) -> [T, H] sums all codebooks;
+        tokenize_many(texts) -> the ids of each, as `tokenizer` gives them, in one call (default: one call a text)."""
         self.config = config
         self.tokenize = tokenizer
+        self.tokenize_many = tokenize_many or (lambda texts: [tokenizer(text) for text in texts])
         self.text = text
         self.codec_embed = codec_embed
         self.frame_embed = frame_embed
@@ -202,7 +210,22 @@ class PromptBuilder:
         return lang_id
 
     def build(self, p: PromptInputs) -> TalkerPrompt:
-        """The prompt of one request; on CUDA its prefill goes to the host, where vLLM takes it from, with no wait.
+        """The prompt of one request (`build_many` of one)."""
+        prompt = self.build_many([p])[0]
+        if isinstance(prompt, Exception):
+            raise prompt
+        return prompt
+
+    def build_many(self, inputs: list[PromptInputs]) -> list["TalkerPrompt | Exception"]:
+        """The prompts of requests submitted together, in order (an exception in place of a prompt that failed);
+        on CUDA their prefills go to the host, where vLLM takes them from, with no wait.
+
+        Why many at once: a burst's prompts are host work on the interpreter that both stages step on (64 builds of
+        ~0.5-1 ms each, on the H200's host, before the first prefill; BENCHMARKS.md, fourteenth and fifteenth
+        passes). Together they share one tokenizer call, one upload of their token ids, one pinned host buffer and
+        one event. Each prompt's text is still projected alone, at its own row count, so its bits are the ones it
+        gets when built alone: a matrix product's rows can differ in their last bits with the row count (CPU and GPU
+        kernels pick their blocking by shape), and a request must not hear who else was submitted with it.
 
         Why a stream of its own: the builder uploads token ids and copies the prefill to the host for vLLM (which
         takes prompt embeddings from the host), and each of those copies waits for everything queued before
@@ -221,16 +244,120 @@ class PromptBuilder:
         on the interpreter, not for the GPU.
         """
         on_stream = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
-        with on_stream:
-            prompt = self._build(p)
+        results: list[TalkerPrompt | Exception | None] = [None] * len(inputs)
+        with on_stream, torch.inference_mode():
+            ids = self._tokenized([assistant_text(p.text) for p in inputs])
+            pieces: list[int] = []
+            for i, (p, text_ids) in enumerate(zip(inputs, ids)):
+                if isinstance(text_ids, Exception):
+                    results[i] = text_ids
+                elif self.cache_prefills and p.ref_codes is None and _fingerprint(_voice_vector(p)) is not None:
+                    pieces.append(i)        # put together from host pieces, with the others of the batch
+                else:
+                    results[i] = self._built_alone(p, text_ids)
+            if pieces:
+                try:
+                    built = self._from_pieces([inputs[i] for i in pieces], [ids[i] for i in pieces])
+                except Exception:           # one bad request must not fail the others: each alone, its own error
+                    built = [self._from_pieces_alone(inputs[i], ids[i]) for i in pieces]
+                for i, prompt in zip(pieces, built):
+                    results[i] = prompt
+        if self.wait_for_prefill:
+            for prompt in results:
+                if isinstance(prompt, TalkerPrompt):
+                    prompt.wait_for_prefill()
+        return results
+
+    def _tokenized(self, texts: list[str]) -> list["list[int] | Exception"]:
+        try:
+            return list(self.tokenize_many(texts))
+        except Exception:                   # find the text that failed; the others go on
+            results: list[list[int] | Exception] = []
+            for text in texts:
+                try:
+                    results.append(self.tokenize(text))
+                except Exception as exc:
+                    results.append(exc)
+            return results
+
+    def _built_alone(self, p: PromptInputs, ids: list[int]) -> "TalkerPrompt | Exception":
+        """A prompt that is not made of host pieces (a voice's reference codes, the pieces' caches off), built on its
+        own: its prefill copied to the host, its event recorded."""
+        try:
+            prompt = self._build(p, ids)
             if prompt.prefill.is_cuda:
                 prompt.prefill, prompt.prefill_pending = self._on_host([prompt.prefill])
             if prompt.prefill_pending or prompt.trailing.is_cuda:
                 prompt.ready = torch.cuda.Event()
                 prompt.ready.record()
-        if self.wait_for_prefill:
-            prompt.wait_for_prefill()
-        return prompt
+            return prompt
+        except Exception as exc:
+            return exc
+
+    def _from_pieces_alone(self, p: PromptInputs, ids: list[int]) -> "TalkerPrompt | Exception":
+        try:
+            return self._from_pieces([p], [ids])[0]
+        except Exception as exc:
+            return exc
+
+    def _from_pieces(self, inputs: list[PromptInputs], ids: list[list[int]]) -> list[TalkerPrompt]:
+        """Prompts of a preset speaker, a speaker vector (a cloned voice without its reference codes) or none: what
+        does not depend on the text comes from the host caches (built the uncached way on a miss), and the text is
+        projected on the GPU, one prompt at a time, from token ids uploaded together.
+
+        The text a step at a time (streaming): the prefill is the lead and the first token's row (cached by the
+        token alone: the codec BOS row is the same for every language and speaker), both on the host, and only the
+        trailing text is GPU work. The whole text in the prefill: its rows over the codec pad are the one part
+        built on the GPU, copied into one pinned buffer that holds every such prefill of the batch."""
+        cfg, tok = self.config, self.config.tokens
+        tts_bos, tts_eos, tts_pad = self._once("T", [tok.tts_bos, tok.tts_eos, tok.tts_pad]).unbind(0)
+        spans, flat, leads, codec_bos = [], [], [], []
+        for p, text_ids in zip(inputs, ids):
+            lang = self.language_id(p.language, p.speaker)
+            vector = _voice_vector(p)
+            leads.append(self.leads.get(
+                (p.instruct, lang, p.speaker, _fingerprint(vector), tuple(text_ids[:3])),
+                lambda: torch.cat(self._lead(p, text_ids, lang, vector, tts_pad, tts_bos)[0])))
+            codec_bos.append(lambda lang=lang, speaker=p.speaker:
+                             self._codec_track(lang, speaker, None, tts_pad, tts_bos)[1])
+            projected = text_ids[3:-5] if p.non_streaming_mode else text_ids[4:-5]
+            spans.append((len(flat), len(flat) + len(projected)))
+            flat += projected
+        uploaded = self._ids(flat)          # one upload; each prompt projects its own slice
+        whole = [i for i, p in enumerate(inputs) if p.non_streaming_mode]
+        host, at, pending = None, 0, False
+        if whole:
+            # after the text: tts_eos over the codec pad, then tts_pad over the codec BOS row (the same two rows in
+            # every such prompt: an add of the same rows gives the same bits as adding them inside the text's rows)
+            pad = self._once("C", [cfg.talker.codec.pad])
+            end = self.leads.get(("eos, tail",), lambda: torch.cat([tts_eos[None] + pad,
+                                                                     self._tail(tts_pad, codec_bos[whole[0]]())]))
+            rows = sum(leads[i].shape[0] + spans[i][1] - spans[i][0] + end.shape[0] for i in whole)
+            host = torch.empty((rows, end.shape[1]), dtype=end.dtype, pin_memory=self.device.type == "cuda")
+        prompts = []
+        for i, (p, text_ids) in enumerate(zip(inputs, ids)):
+            text = self.text(uploaded[spans[i][0]:spans[i][1]])
+            if not p.non_streaming_mode:
+                first = self.first_rows.get((text_ids[3],), lambda: self._first_row(text_ids, codec_bos[i]()))
+                prompts.append(TalkerPrompt(prefill=torch.cat([leads[i], first]),
+                                            trailing=torch.cat([text, tts_eos[None]]), tts_pad=tts_pad))
+                continue
+            text = text + pad
+            n_lead, n_text = leads[i].shape[0], text.shape[0]
+            prefill = host[at:at + n_lead + n_text + end.shape[0]]
+            at += prefill.shape[0]
+            prefill[:n_lead].copy_(leads[i])
+            prefill[n_lead:n_lead + n_text].copy_(text, non_blocking=text.is_cuda)
+            prefill[n_lead + n_text:].copy_(end)
+            pending = pending or text.is_cuda
+            prompts.append(TalkerPrompt(prefill=prefill, trailing=tts_pad[None], tts_pad=tts_pad,
+                                        prefill_pending=text.is_cuda))
+        if pending or any(prompt.trailing.is_cuda for prompt in prompts):
+            ready = torch.cuda.Event()       # after every copy and trailing text of the batch
+            ready.record()
+            for prompt in prompts:
+                prompt.ready = ready
+        return prompts
 
     @staticmethod
     def _on_host(parts: list[torch.Tensor]) -> tuple[torch.Tensor, bool]:
@@ -248,33 +375,14 @@ class PromptBuilder:
             at += part.shape[0]
         return host, True
 
-    @torch.inference_mode()
-    def _build(self, p: PromptInputs) -> TalkerPrompt:
+    def _build(self, p: PromptInputs, ids: list[int]) -> TalkerPrompt:
+        """The prompt built from its ids with nothing cached but the constants (any mode; the reference layout)."""
         cfg, codec = self.config, self.config.talker.codec
         T, C = self.text, lambda ids: self.codec_embed(self._ids(ids))
         tok = cfg.tokens
         tts_bos, tts_eos, tts_pad = self._once("T", [tok.tts_bos, tok.tts_eos, tok.tts_pad]).unbind(0)
-        ids = self.tokenize(assistant_text(p.text))
-
         lang = self.language_id(p.language, p.speaker)
-        vector = None if p.speaker else p.speaker_vector       # a preset speaker wins, as in the reference
-        voice = _fingerprint(vector)
-        if self.cache_prefills and p.ref_codes is None and voice is not None:
-            # The prompt of a preset speaker, a speaker vector (a cloned voice without its reference codes) or
-            # none: what does not depend on its text comes from the host cache, built the uncached way on a miss.
-            lead = self.leads.get((p.instruct, lang, p.speaker, voice, tuple(ids[:3])),
-                                  lambda: torch.cat(self._lead(p, ids, lang, vector, tts_pad, tts_bos)[0]))
-            codec_bos = lambda: self._codec_track(lang, p.speaker, None, tts_pad, tts_bos)[1]   # noqa: E731
-            if not p.non_streaming_mode:
-                # the text a step at a time: the first token's row is cached too (keyed by the token alone: the
-                # codec BOS row is the same for every language and speaker), so only the trailing text is GPU work
-                first = self.first_rows.get((ids[3],), lambda: self._first_row(ids, codec_bos()))
-                return TalkerPrompt(prefill=torch.cat([lead, first]), trailing=self._trailing(ids, tts_eos),
-                                    tts_pad=tts_pad)
-            # the whole text in the prefill: its rows are the one part built here and copied to the host
-            tail = self.leads.get(("tail",), lambda: self._tail(tts_pad, codec_bos()))
-            prefill, pending = self._on_host([lead, self._text_rows(ids, tts_eos), tail])
-            return TalkerPrompt(prefill=prefill, trailing=tts_pad[None], tts_pad=tts_pad, prefill_pending=pending)
+        vector = _voice_vector(p)
         parts, codec_bos = self._lead(p, ids, lang, vector, tts_pad, tts_bos)
 
         body = ids[3:-5]
