@@ -200,7 +200,7 @@ def main() -> None:
     ap.add_argument("--burst", type=int, default=0, help="part 2: requests at once under the Stage 0 profile")
     ap.add_argument("--config", default="configs/qwen3_tts.yaml", help="stage config (a CPU one for a dry run)")
     ap.add_argument("--timeline-variants",
-                    default="default,submit-threads-1,batched-submits",
+                    default="default,unbatched-submits,submit-threads-1",
                     help="part 3: the bench variants (tools/bench.py VARIANTS) a burst's timeline is taken with")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

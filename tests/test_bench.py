@@ -279,7 +279,7 @@ def test_stream_candidates_switch_on_and_back():
 
 def test_the_thirteenth_to_fifteenth_pass_variants_switch_on_and_back():
     """Stage 0's old loop, the bound on prompt builds, lazy Stage 1 opens, the interpreter's switch interval, the
-    submit pool and batched submits are switched in a running engine and undone."""
+    submit pool and the submits before batches are switched in a running engine and undone."""
     import sys
     from types import SimpleNamespace
 
@@ -287,7 +287,7 @@ def test_the_thirteenth_to_fifteenth_pass_variants_switch_on_and_back():
 
     table = SimpleNamespace(lazy_open=False)
     engine = SimpleNamespace(talker=SimpleNamespace(drain_commands=False), concurrent_prompt_builds=None,
-                             submit_threads=None, batch_submits=False, pipeline=SimpleNamespace(table=table),
+                             submit_threads=1, batch_submits=True, pipeline=SimpleNamespace(table=table),
                              talker_engine=SimpleNamespace(model=SimpleNamespace(code_predictor=None)))
     interval = sys.getswitchinterval()
     previous = apply_variant(engine, {**VARIANTS["stage0-drain-commands"], **VARIANTS["prompt-builds-2"],
@@ -295,18 +295,18 @@ def test_the_thirteenth_to_fifteenth_pass_variants_switch_on_and_back():
                                       **VARIANTS["submit-threads-2"]})
     try:
         assert engine.talker.drain_commands is True and engine.concurrent_prompt_builds == 2 and table.lazy_open
-        assert engine.submit_threads == 2
+        assert engine.submit_threads == 2 and engine.batch_submits is False
         assert sys.getswitchinterval() == 0.00025
         apply_variant(engine, VARIANTS["prompt-builds-1"])
         assert engine.concurrent_prompt_builds == 1
-        batched = apply_variant(engine, VARIANTS["batched-submits"])
-        assert engine.batch_submits is True and engine.submit_threads == 1
-        apply_variant(engine, batched)
+        unbatched = apply_variant(engine, VARIANTS["unbatched-submits"])
+        assert engine.batch_submits is False and engine.submit_threads is None
+        apply_variant(engine, unbatched)
         assert engine.batch_submits is False and engine.submit_threads == 2
     finally:
         apply_variant(engine, previous)
     assert engine.talker.drain_commands is False and engine.concurrent_prompt_builds is None and not table.lazy_open
-    assert sys.getswitchinterval() == interval and engine.submit_threads is None and engine.batch_submits is False
+    assert sys.getswitchinterval() == interval and engine.submit_threads == 1 and engine.batch_submits is True
 
 
 def test_the_worktree_id_names_the_commit_whose_files_ran(tmp_path):

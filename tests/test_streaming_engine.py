@@ -161,9 +161,12 @@ def test_abort_mid_stream_frees_every_buffer(engine, voices):
     assert engine.connector.code_prompt_token_ids == {}
 
 
-def test_a_caller_that_gives_up_while_its_request_is_submitted_leaves_nothing_running(engine, voices, monkeypatch):
-    """Cancelled while the submit ran on its executor thread (held inside the prompt build here), the request
-    must not run on to its end with nobody reading it: the engine aborts it once it is in."""
+@pytest.mark.parametrize("batched", [True, False], ids=["batched_on_the_pool", "on_the_loops_executor"])
+def test_a_caller_that_gives_up_while_its_request_is_submitted_leaves_nothing_running(engine, voices, monkeypatch,
+                                                                                      batched):
+    """Cancelled while the submit ran on its thread (held inside the prompt build here), the request must not run on
+    to its end with nobody reading it: the engine aborts it once it is in. Both ways of submitting: batched on the
+    engine's pool (the default) and one at a time on the event loop's executor."""
     import threading
 
     build, building, release = engine.prompts.build_many, threading.Event(), threading.Event()
@@ -184,8 +187,13 @@ def test_a_caller_that_gives_up_while_its_request_is_submitted_leaves_nothing_ru
             await task
         release.set()
         await loop.shutdown_default_executor()    # the submit thread has finished (this loop stays open: a
-        engine.drain()                            # closed one would abort the request on its first delivery)
+        if engine._submit_pool is not None:       # closed one would abort the request on its first delivery)
+            engine._submit_pool.submit(lambda: None).result(30)     # one thread: after the submit
+        engine.drain()
         return engine.debug_state()
+    if not batched:
+        monkeypatch.setattr(engine, "submit_threads", None)
+        monkeypatch.setattr(engine, "batch_submits", False)
     state = asyncio.run(give_up())
     assert all("given-up" not in ids for ids in state.values()), state
     engine.drain()
@@ -281,7 +289,8 @@ def test_a_request_aborted_before_its_prefill_lands_leaves_nothing(engine, voice
 
 def test_prompt_builds_at_once_stay_within_the_bound(engine, voices, monkeypatch):
     """With `concurrent_prompt_builds` set, at most that many threads build a prompt at a time however many requests
-    arrive, and the streams still finish; None (the default) takes the bound away."""
+    arrive (submitted one at a time on the loop's executor), and the streams still finish; None (the default) takes
+    the bound away."""
     import threading
 
     build, changed = engine.prompts.build_many, threading.Condition()
@@ -299,6 +308,8 @@ def test_prompt_builds_at_once_stay_within_the_bound(engine, voices, monkeypatch
             with changed:
                 inside[0] -= 1
     monkeypatch.setattr(engine.prompts, "build_many", counted_build)
+    monkeypatch.setattr(engine, "submit_threads", None)     # builds on the loop's executor threads, one a request
+    monkeypatch.setattr(engine, "batch_submits", False)
     assert engine.concurrent_prompt_builds is None and engine._build_slots is None
     engine.concurrent_prompt_builds = 2
 
@@ -318,8 +329,8 @@ def test_prompt_builds_at_once_stay_within_the_bound(engine, voices, monkeypatch
 
 
 def test_submits_run_on_the_engines_own_pool_when_set(engine, voices, monkeypatch):
-    """With `submit_threads` set, every request of a burst is submitted (its prompt built) on the engine's pool of
-    that many threads, and the streams finish; None (the default) goes back to the event loop's executor."""
+    """Without batches, every request of a burst is submitted (its prompt built) on the engine's pool of
+    `submit_threads` threads, one at a time, and the streams finish; None goes back to the event loop's executor."""
     import threading
 
     build, threads = engine.prompts.build_many, []
@@ -335,22 +346,23 @@ def test_submits_run_on_the_engines_own_pool_when_set(engine, voices, monkeypatc
 
     async def burst(n: int):
         return await asyncio.gather(*(collect(i) for i in range(n)))
-    assert engine.submit_threads is None
-    engine.submit_threads = 1
+    assert engine.submit_threads == 1 and engine.batch_submits is True      # the defaults
+    engine.batch_submits = False
     try:
         streams = asyncio.run(burst(6))
-    finally:
+        assert all(chunks[-1].is_finished for chunks in streams)
+        assert len(threads) == 6 and len(set(threads)) == 1 and threads[0].startswith("tts-submit"), threads
+        threads.clear()
         engine.submit_threads = None
-    assert all(chunks[-1].is_finished for chunks in streams)
-    assert len(threads) == 6 and len(set(threads)) == 1 and threads[0].startswith("tts-submit"), threads
-    threads.clear()
-    assert asyncio.run(burst(1))[0][-1].is_finished
-    assert len(threads) == 1 and not threads[0].startswith("tts-submit"), threads
+        assert asyncio.run(burst(1))[0][-1].is_finished
+        assert len(threads) == 1 and not threads[0].startswith("tts-submit"), threads
+    finally:
+        engine.submit_threads, engine.batch_submits = 1, True
 
 
 def test_batched_submits_build_a_burst_together_and_each_request_streams_what_it_streams_alone(engine, voices,
                                                                                              monkeypatch):
-    """With `batch_submits`, the submit thread takes every request waiting and builds their prompts in one
+    """With `batch_submits` (the default), the submit thread takes every request waiting and builds their prompts in one
     `build_many`: a burst of eight is built in at most two calls (the first may start alone), each request streams
     the codes and audio it streams alone (cloned voices with and without reference codes, both text modes), and a
     bad request in the burst fails alone with its own error while the others stream."""
@@ -389,12 +401,8 @@ def test_batched_submits_build_a_burst_together_and_each_request_streams_what_it
 
     async def together():
         return await asyncio.gather(*(one(r) for r in [*requests, *bad]), return_exceptions=True)
-    assert engine.batch_submits is False
-    engine.submit_threads, engine.batch_submits = 1, True
-    try:
-        results = asyncio.run(together())
-    finally:
-        engine.submit_threads, engine.batch_submits = None, False
+    assert engine.batch_submits is True and engine.submit_threads == 1      # the defaults
+    results = asyncio.run(together())
     for i, ((codes0, audio0), result) in enumerate(zip(solo, results)):
         assert not isinstance(result, BaseException), f"request {i}: {result!r}"
         codes, audio = result
@@ -410,7 +418,7 @@ def test_batched_submits_build_a_burst_together_and_each_request_streams_what_it
 
 
 def test_a_clone_from_an_uploaded_clip_runs_off_the_submit_pool(engine, reference_clip, monkeypatch):
-    """With `submit_threads` set, a request that clones its voice from `ref_audio` is cloned on another thread, so
+    """With a submit pool (the default), a request that clones its voice from `ref_audio` is cloned on another thread, so
     the pool's one thread never waits for a clone; its prompt is still built on the pool."""
     import threading
 
@@ -431,11 +439,8 @@ def test_a_clone_from_an_uploaded_clip_runs_off_the_submit_pool(engine, referenc
         request = SpeechRequest(text="A voice cloned on the way in.", ref_audio=str(reference_clip),
                                 x_vector_only=True, max_new_tokens=3, **GREEDY)
         return [chunk async for chunk in engine.generate(request)]
-    engine.submit_threads = 1
-    try:
-        chunks = asyncio.run(collect())
-    finally:
-        engine.submit_threads = None
+    assert engine.submit_threads == 1
+    chunks = asyncio.run(collect())
     assert chunks[-1].is_finished
     assert where["build"].startswith("tts-submit") and not where["clone"].startswith("tts-submit"), where
 

@@ -95,8 +95,8 @@ class TTSEngine:
         self._froze_gc = False
         self.concurrent_prompt_builds = None
         self._submit_pool: ThreadPoolExecutor | None = None
-        self.submit_threads = None
-        self.batch_submits = False
+        self.submit_threads = 1
+        self.batch_submits = True
         self._waiting_submits: list[_Waiting] = []
         self._waiting_lock = threading.Lock()
         self.connector = ChunkConnector(schedule=d.schedule, left_context_size=d.left_context_size)
@@ -174,12 +174,12 @@ class TTSEngine:
 
     @property
     def submit_threads(self) -> int | None:
-        """How many threads `generate` submits requests on (validation, the prompt's build, both stages told): None,
-        the default, is the event loop's default executor (min(32, CPUs + 4) threads: 20 on the H200 machine); a
-        number is a pool of that many threads of the engine's own. A candidate (bench variants `submit-threads-1`,
-        `submit-threads-2`): in one run on the H200 (fourteenth pass) one thread brought a burst's first frames ~55 ms
-        sooner at p95 (the builds no longer starve Stage 0) and closed 64 p95 193-203 vs 210-217 ms, inside the
-        default's spread; the requests then queued for the thread and the first chunks waited in Stage 1.
+        """How many threads `generate` submits requests on (validation, the prompt's build, both stages told): 1, the
+        default, a pool of the engine's own, which with `batch_submits` submits every request waiting at once; None is
+        the event loop's default executor (min(32, CPUs + 4) threads: 20 on the H200 machine), the default until the
+        fifteenth pass (bench variant `unbatched-submits`). One thread without batches (`submit-threads-1`): in the
+        fourteenth pass a burst's first frames came ~55 ms sooner at p95 (the builds no longer starve Stage 0), but
+        the requests then queued for the thread (closed 64 p95 215-285 vs 218-229 ms, fifteenth pass).
 
         Why: a bound on builds at once (`concurrent_prompt_builds`) let Stage 0 take its steps between builds (a
         burst's first frames 30-50 ms sooner at p95), but each build's turn passed from one sleeping thread to the
@@ -199,15 +199,16 @@ class TTSEngine:
 
     @property
     def batch_submits(self) -> bool:
-        """Whether `generate`'s requests that wait for a submit thread are submitted together (False, the default;
-        bench variant `batched-submits`, with a pool of one thread): one thread takes every request waiting and
-        validates them, builds their prompts in one `PromptBuilder.build_many` (one tokenizer call, one upload of
-        their ids, one host buffer, one event; each text still projected alone, so the bits are each request's
-        own) and starts them in both stages.
+        """Whether `generate`'s requests that wait for a submit thread are submitted together (True, the default;
+        bench variant `unbatched-submits` switches it off with the old executor): the submit thread takes every
+        request waiting and validates them, builds their prompts in one `PromptBuilder.build_many` (one tokenizer
+        call, one upload of their ids, one host buffer, one event; each text still projected alone, so the bits are
+        each request's own) and starts them in both stages.
 
-        Why: with one submit thread (`submit_threads`), a burst of 64 waited for its builds one after another (H200,
-        fifteenth pass: the last of 64 prompts built 176 ms after the burst began, 1.6 ms of the submit thread's CPU
-        time a request), while Stage 0 prefilled them a few at a time as they came."""
+        Why: a burst's prompts are host work on the interpreter both stages step on. Built on 20 executor threads
+        they starved Stage 0 (the last of 64 built 87-90 ms after the burst began); one at a time on one thread, they
+        queued (143-176 ms); together, all 64 were built by 36-37 ms with 26 ms of the submit thread's CPU time
+        instead of 89-100 (H200, fifteenth pass). Closed 64 first chunk p95: 149-189 vs 218-229 ms."""
         return self._batch_submits
 
     @batch_submits.setter

@@ -508,10 +508,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "prompt-builds-1": {"concurrent_prompt_builds": 1},
     # candidates (switched on; fourteenth pass, one thread measured once): requests submitted on a pool of the
     # engine's own of one / two threads, not on the event loop's default executor (20 threads on the H200 machine)
-    "submit-threads-1": {"submit_threads": 1},
-    "submit-threads-2": {"submit_threads": 2},
-    # a candidate (switched on): one submit thread that takes every waiting request and builds their prompts together
-    "batched-submits": {"submit_threads": 1, "batch_submits": True},
+    "submit-threads-1": {"submit_threads": 1, "batch_submits": False},   # one thread, a request at a time
+    "submit-threads-2": {"submit_threads": 2, "batch_submits": False},
+    # the default before the fifteenth pass: submits on the event loop's executor, each request built alone
+    "unbatched-submits": {"submit_threads": None, "batch_submits": False},
     "first-chunk-once": {"initial_chunk_repeats": 1},                  # 1, 2, 4, ...: chunk 2 takes twice the steps
     # a candidate (switched on): shorter Stage 1 calls (4 x 25 frames, not 16 x 25)
     "decoder-calls-100-frames": {"decoder_batch_frames": 100},
