@@ -11,8 +11,9 @@ be read function by function. Needs the engine as served: `--shape 1.7b` (graphs
 start on the H200); the default tiny checkpoint with an eager talker serves part 1 (its build is the same host calls
 for every shape).
 3. The same burst with no profiler (`--burst N`, run before part 2, once per `--timeline-variants` entry): each Stage 0
-step's and Stage 1 call's wall time beside its thread's CPU time, and every thread's CPU time over the burst: whether
-the stages wait (for the interpreter, the GPU) or work.
+step's and Stage 1 call's wall time beside its thread's CPU time, Stage 1's opens of the burst's streams (when, and
+their wall and CPU time), and every thread's CPU time over the burst: whether the stages wait (for the interpreter,
+the GPU) or work.
 
     python3 scripts/gpu_prompt_profile.py --out $OUT                       # part 1, ~1 min
     python3 scripts/gpu_prompt_profile.py --out $OUT --shape 1.7b --burst 64   # all three parts
@@ -118,7 +119,9 @@ def stage0_timeline(engine, speaker: str, burst: int) -> dict:
     scheduler = talker_engine.engine.engine_core.engine_core.scheduler
     pipeline = engine.pipeline
     real_step, real_build, real_round = talker_engine.step, engine.prompts.build_many, pipeline._decode_round
-    steps, built, first_chunks, rounds, t0 = [], [], [], [], [0.0]
+    real_take = pipeline._take
+    steps, built, first_chunks, rounds, opens, t0 = [], [], [], [], [], [0.0]
+    chunk_in: dict[str, float] = {}
 
     def step():
         waiting, running = len(scheduler.waiting), len(scheduler.running)
@@ -134,6 +137,17 @@ def stage0_timeline(engine, speaker: str, burst: int) -> dict:
             return real_round()
         finally:
             rounds.append((began - t0[0], time.perf_counter() - began, time.thread_time() - cpu))
+
+    def take(message):                # on the Stage 1 thread: a new stream's open (its state row set), timed;
+        if message[0] == "chunk" and message[1] not in chunk_in:     # and when each stream's first chunk came in
+            chunk_in[message[1]] = time.perf_counter() - t0[0]
+        if message[0] != "open":
+            return real_take(message)
+        began, cpu = time.perf_counter(), time.thread_time()
+        try:
+            return real_take(message)
+        finally:
+            opens.append((began - t0[0], time.perf_counter() - began, time.thread_time() - cpu))
 
     def build(inputs):               # a call builds one prompt, or a batch of them (`batch_submits`)
         prompts = real_build(inputs)
@@ -154,16 +168,18 @@ def stage0_timeline(engine, speaker: str, burst: int) -> dict:
         return thread_cpu_s()
 
     talker_engine.step, engine.prompts.build_many, pipeline._decode_round = step, build, decode_round
+    pipeline._take = take
     try:
         asyncio.run(run(8))
         for _ in range(2):                              # the second burst is the one kept (the first warms threads)
-            steps.clear(), built.clear(), first_chunks.clear(), rounds.clear()
+            steps.clear(), built.clear(), first_chunks.clear(), rounds.clear(), opens.clear(), chunk_in.clear()
             cpu_before = thread_cpu_s()             # the loop's executor threads are new in each run: 0 before
             t0[0] = time.perf_counter()
             cpu_after = asyncio.run(run(burst))
             wall = time.perf_counter() - t0[0]
     finally:
         talker_engine.step, engine.prompts.build_many, pipeline._decode_round = real_step, real_build, real_round
+        pipeline._take = real_take
     first_chunks.sort()
     built.sort()
     in_window = [s for s in steps if s[0] <= first_chunks[-1]]
@@ -176,6 +192,12 @@ def stage0_timeline(engine, speaker: str, burst: int) -> dict:
         "stage0_steps_to_last_first_chunk": len(in_window),
         "stage0_step_wall_ms": round(1000 * sum(s[1] for s in in_window), 1),
         "stage0_step_cpu_ms": round(1000 * sum(s[2] for s in in_window), 1),
+        "stage1_opens": len(opens),
+        "stage1_opens_ms": [round(1000 * opens[0][0], 1), round(1000 * (opens[-1][0] + opens[-1][1]), 1)] if opens else None,
+        "stage1_open_wall_ms": round(1000 * sum(o[1] for o in opens), 1),
+        "stage1_open_cpu_ms": round(1000 * sum(o[2] for o in opens), 1),
+        "stage1_first_chunks_in_ms": [round(1000 * min(chunk_in.values()), 1), round(1000 * max(chunk_in.values()), 1)]
+        if chunk_in else None,
         "stage1_calls_to_last_first_chunk": len(calls),
         "stage1_call_wall_ms": round(1000 * sum(r[1] for r in calls), 1),
         "stage1_call_cpu_ms": round(1000 * sum(r[2] for r in calls), 1),

@@ -109,26 +109,35 @@ def test_live_chunking_variants(engine, voices, initial, size):
     assert float(np.abs(audio - whole).max()) <= 1e-4
 
 
+BURST_TEXTS = ["One small step.", "The rain in Spain stays mainly in the plain.", "Hello, hello, can you hear me?",
+               "Seven swans a swimming.", "A different sentence with numbers 1, 2, 3.", "Short.",
+               "What a wonderful world it is.", "The end of the list, at last."]
+
+
+def _burst(voices, names: list[str], frames: int, step: int) -> list[SpeechRequest]:
+    """Eight greedy requests of cloned voices (`names` of `voices`), every third with its text in the prefill."""
+    return [SpeechRequest(text=t, voice=voices[v], non_streaming_mode=i % 3 == 0, max_new_tokens=frames + step * i,
+                          **GREEDY) for i, (t, v) in enumerate(zip(BURST_TEXTS, names))]
+
+
+async def _codes_and_audio(engine, request: SpeechRequest) -> tuple[np.ndarray, np.ndarray]:
+    chunks = [c async for c in engine.generate(request)]
+    return (np.concatenate([c.codec_codes for c in chunks if _frames(c)]), np.concatenate([c.audio for c in chunks]))
+
+
+def _one_at_a_time(engine, requests: list[SpeechRequest]) -> list[tuple[np.ndarray, np.ndarray]]:
+    async def run():
+        return [await _codes_and_audio(engine, r) for r in requests]
+    return asyncio.run(run())
+
+
 def test_eight_concurrent_requests_equal_their_solo_runs(engine, voices):
-    texts = ["One small step.", "The rain in Spain stays mainly in the plain.", "Hello, hello, can you hear me?",
-             "Seven swans a swimming.", "A different sentence with numbers 1, 2, 3.", "Short.",
-             "What a wonderful world it is.", "The end of the list, at last."]
-    names = ["a_icl", "a_xvec", "b_xvec", "b_icl"] * 2
-    requests = [SpeechRequest(text=t, voice=voices[v], non_streaming_mode=i % 3 == 0, max_new_tokens=20 + 3 * i,
-                              **GREEDY) for i, (t, v) in enumerate(zip(texts, names))]
-
-    async def one(r):
-        chunks = [c async for c in engine.generate(r)]
-        return (np.concatenate([c.codec_codes for c in chunks if _frames(c)]),
-                np.concatenate([c.audio for c in chunks]))
-
-    async def solo_runs():
-        return [await one(r) for r in requests]
+    requests = _burst(voices, ["a_icl", "a_xvec", "b_xvec", "b_icl"] * 2, frames=20, step=3)
 
     async def together():
-        return await asyncio.gather(*(one(r) for r in requests))
+        return await asyncio.gather(*(_codes_and_audio(engine, r) for r in requests))
 
-    solo = asyncio.run(solo_runs())
+    solo = _one_at_a_time(engine, requests)
     for i, ((codes0, audio0), (codes, audio)) in enumerate(zip(solo, asyncio.run(together()))):
         assert np.array_equal(codes0, codes), f"request {i}: codes changed under concurrency"
         assert audio0.shape == audio.shape and float(np.abs(audio0 - audio).max()) <= 1e-4, \
@@ -366,23 +375,10 @@ def test_batched_submits_build_a_burst_together_and_each_request_streams_what_it
     `build_many`: a burst of eight is built in at most two calls (the first may start alone), each request streams
     the codes and audio it streams alone (cloned voices with and without reference codes, both text modes), and a
     bad request in the burst fails alone with its own error while the others stream."""
-    texts = ["One small step.", "The rain in Spain stays mainly in the plain.", "Hello, hello, can you hear me?",
-             "Seven swans a swimming.", "A different sentence with numbers 1, 2, 3.", "Short.",
-             "What a wonderful world it is.", "The end of the list, at last."]
-    names = ["a_xvec", "b_icl", "b_xvec", "a_icl"] * 2
-    requests = [SpeechRequest(text=t, voice=voices[v], non_streaming_mode=i % 3 == 0, max_new_tokens=12 + 2 * i,
-                              **GREEDY) for i, (t, v) in enumerate(zip(texts, names))]
+    requests = _burst(voices, ["a_xvec", "b_icl", "b_xvec", "a_icl"] * 2, frames=12, step=2)
     bad = [SpeechRequest(text="   ", voice=voices["a_xvec"], **GREEDY),                    # fails its validation
            SpeechRequest(text="Too hot.", voice=voices["a_xvec"], temperature=-1.0)]      # fails as it starts
-
-    async def one(r):
-        chunks = [c async for c in engine.generate(r)]
-        return (np.concatenate([c.codec_codes for c in chunks if _frames(c)]),
-                np.concatenate([c.audio for c in chunks]))
-
-    async def solo_runs():
-        return [await one(r) for r in requests]
-    solo = asyncio.run(solo_runs())
+    solo = _one_at_a_time(engine, requests)
 
     submit_many, build_many, taken, built = engine._submit_many, engine.prompts.build_many, [], []
     burst = len(requests) + len(bad)
@@ -400,7 +396,7 @@ def test_batched_submits_build_a_burst_together_and_each_request_streams_what_it
     monkeypatch.setattr(engine.prompts, "build_many", recorded_build_many)
 
     async def together():
-        return await asyncio.gather(*(one(r) for r in [*requests, *bad]), return_exceptions=True)
+        return await asyncio.gather(*(_codes_and_audio(engine, r) for r in [*requests, *bad]), return_exceptions=True)
     assert engine.batch_submits is True and engine.submit_threads == 1      # the defaults
     results = asyncio.run(together())
     for i, ((codes0, audio0), result) in enumerate(zip(solo, results)):
