@@ -196,8 +196,8 @@ def test_a_caller_that_gives_up_while_its_request_is_submitted_leaves_nothing_ru
             await task
         release.set()
         await loop.shutdown_default_executor()    # the submit thread has finished (this loop stays open: a
-        if engine._submit_pool is not None:       # closed one would abort the request on its first delivery)
-            engine._submit_pool.submit(lambda: None).result(30)     # one thread: after the submit
+        if engine.submits._pool is not None:       # closed one would abort the request on its first delivery)
+            engine.submits._pool.submit(lambda: None).result(30)     # one thread: after the submit
         engine.drain()
         return engine.debug_state()
     if not batched:
@@ -380,19 +380,19 @@ def test_batched_submits_build_a_burst_together_and_each_request_streams_what_it
            SpeechRequest(text="Too hot.", voice=voices["a_xvec"], temperature=-1.0)]      # fails as it starts
     solo = _one_at_a_time(engine, requests)
 
-    submit_many, build_many, taken, built = engine._submit_many, engine.prompts.build_many, [], []
+    submit_many, build_many, taken, built = engine.submits.submit_many, engine.prompts.build_many, [], []
     burst = len(requests) + len(bad)
 
     def recorded_submit_many(submissions):
         if not taken:      # the first batch waits until the rest of the burst waits for the thread
-            _wait_until(lambda: len(engine._waiting_submits) + len(submissions) == burst, "the burst waits")
+            _wait_until(lambda: engine.submits.waiting + len(submissions) == burst, "the burst waits")
         taken.append(len(submissions))
         return submit_many(submissions)
 
     def recorded_build_many(inputs):
         built.append(len(inputs))
         return build_many(inputs)
-    monkeypatch.setattr(engine, "_submit_many", recorded_submit_many)
+    monkeypatch.setattr(engine.submits, "submit_many", recorded_submit_many)
     monkeypatch.setattr(engine.prompts, "build_many", recorded_build_many)
 
     async def together():

@@ -14,9 +14,8 @@ import queue
 import threading
 import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import AsyncIterator, Callable, Iterator
+from typing import AsyncIterator, Iterator
 
 import numpy as np
 import torch
@@ -47,6 +46,7 @@ from tts_engine.stages.route import Route
 from tts_engine.stages.talker import MIN_NEW_TOKENS, TalkerSampling, TalkerStage
 from tts_engine.stages.trim import LeadingSilenceTrimmer
 from tts_engine.stages.vllm_bridge import TalkerEngine
+from tts_engine.submit_queue import Submission, SubmitQueue
 
 log = logging.getLogger(__name__)
 SAMPLE_RATE = 24000
@@ -94,11 +94,7 @@ class TTSEngine:
         self._closed = False
         self._froze_gc = False
         self.concurrent_prompt_builds = None
-        self._submit_pool: ThreadPoolExecutor | None = None
-        self.submit_threads = 1
-        self.batch_submits = True
-        self._waiting_submits: list[_Waiting] = []
-        self._waiting_lock = threading.Lock()
+        self.submits = SubmitQueue(self._submit_many, self.abort)
         self.connector = ChunkConnector(schedule=d.schedule, left_context_size=d.left_context_size)
         self.pipeline = AsyncDecodingPipeline(
             self.decoder, self.decoder_device, mode=d.decode_mode, max_batch_size=d.max_batch_size,
@@ -136,7 +132,7 @@ class TTSEngine:
         if self._closed:
             return
         self._closed = True
-        self.submit_threads = None          # its threads end once the submits they hold are done
+        self.submits.close()
         self.talker.close()
         self.pipeline.close()
         self.talker_engine.close()
@@ -187,15 +183,11 @@ class TTSEngine:
         one or two threads works through a burst's submits without handing turns around, and the default pool's
         other threads stay out of the interpreter's queue. A request that clones a voice from an uploaded clip
         (`ref_audio`) is cloned on the default executor first, so the pool's submits do not wait for a clone."""
-        return self._submit_threads
+        return self.submits.threads
 
     @submit_threads.setter
     def submit_threads(self, value: int | None) -> None:
-        self._submit_threads = value
-        old, self._submit_pool = self._submit_pool, (
-            ThreadPoolExecutor(value, thread_name_prefix="tts-submit") if value else None)
-        if old is not None:
-            old.shutdown(wait=False)     # the submits already on it still run
+        self.submits.threads = value
 
     @property
     def batch_submits(self) -> bool:
@@ -209,11 +201,11 @@ class TTSEngine:
         they starved Stage 0 (the last of 64 built 87-90 ms after the burst began); one at a time on one thread, they
         queued (143-176 ms); together, all 64 were built by 36-37 ms with 26 ms of the submit thread's CPU time
         instead of 89-100 (H200, fifteenth pass). Closed 64 first chunk p95: 149-189 vs 218-229 ms."""
-        return self._batch_submits
+        return self.submits.batched
 
     @batch_submits.setter
     def batch_submits(self, value: bool) -> None:
-        self._batch_submits = bool(value)
+        self.submits.batched = bool(value)
 
     # ---- voices ----------------------------------------------------------------------------------
     def create_voice_prompt(self, ref_audio, ref_text: str | None = None,
@@ -235,7 +227,7 @@ class TTSEngine:
             raise started
         return started
 
-    def _submit_many(self, submissions: list["Submission"]) -> list["tuple[Route, VoicePrompt | None] | Exception"]:
+    def _submit_many(self, submissions: list[Submission]) -> list["tuple[Route, VoicePrompt | None] | Exception"]:
         """`_submit` for requests that arrived together, in order, an exception in place of each that failed (one bad
         request fails alone): their prompts are built in one `build_many` (one tokenizer call, one upload, one host
         buffer), then each request is started in both stages."""
@@ -268,7 +260,7 @@ class TTSEngine:
                 results[i] = exc
         return results
 
-    def _start(self, submission: "Submission", inputs: PromptInputs, prompt, prompt_s: float) -> Route:
+    def _start(self, submission: Submission, inputs: PromptInputs, prompt, prompt_s: float) -> Route:
         """Register a request whose prompt is built and hand it to both stages."""
         request = submission.request
         positions, limit = prompt.prefill.shape[0], self.talker_engine.max_model_len
@@ -288,27 +280,6 @@ class TTSEngine:
                            on_decode_start=route.on_decode_start)
         self.talker.submit(request_id, prompt, sampling, route.on_frames, route.on_finish, route.on_admitted)
         return route
-
-    def _submit_waiting(self) -> None:
-        """On a submit thread (`batch_submits`): take every submit waiting and submit them together. The thread that
-        finds none waiting (another took its submit with theirs) returns at once."""
-        with self._waiting_lock:
-            taken, self._waiting_submits = self._waiting_submits, []
-        live = [waiting for waiting in taken if waiting.future.set_running_or_notify_cancel()]
-        if not live:
-            return
-        try:
-            results = self._submit_many([waiting.submission for waiting in live])
-        except BaseException as exc:          # nothing may be left waiting forever
-            results = [exc] * len(live)
-        for waiting, result in zip(live, results):
-            if isinstance(result, BaseException):
-                waiting.future.set_exception(result)
-                continue
-            route, _ = result
-            if waiting.abandoned.is_set():    # the caller stopped waiting while this was being submitted
-                self.abort(route.request_id)
-            waiting.future.set_result(route)
 
     def _ensure_open(self) -> None:
         """Refuse new work once the engine is closed or a stage thread has died (before any of the work)."""
@@ -355,32 +326,14 @@ class TTSEngine:
                 self.abort(request_id)
 
         abandoned = threading.Event()
-
-        def submit(prepared=None) -> Route:       # on an executor thread
-            route, _ = self._submit(request, deliver, request_id, prepared)
-            if abandoned.is_set():   # the caller stopped waiting while this was being submitted
-                self.abort(request_id)
-            return route
-
         try:
-            pool, prepared = self._submit_pool, None
-            if (pool is not None or self.batch_submits) and request.ref_audio is not None:
-                # a clone takes its own time: on the default executor, so the pool's submits do not wait for it
+            prepared = None
+            if self.submits.serial and request.ref_audio is not None:
+                # a clone takes its own time: on the default executor, so other submits do not wait for it
                 # (not for a closed or broken engine: refused first, as `_submit` refuses before any work)
                 self._ensure_open()
                 prepared = await loop.run_in_executor(None, self._prompt_inputs, request)
-            if self.batch_submits:
-                waiting = _Waiting(Submission(request, deliver, request_id, prepared), Future(), abandoned)
-                with self._waiting_lock:
-                    self._waiting_submits.append(waiting)
-                try:
-                    loop.run_in_executor(pool, self._submit_waiting)
-                except RuntimeError:          # the pool shut down meanwhile (`submit_threads` changed)
-                    if waiting.future.cancel():   # still waiting: nobody will submit it
-                        raise
-                route = await asyncio.wrap_future(waiting.future)
-            else:
-                route = await loop.run_in_executor(pool, submit, prepared)
+            route = await self.submits.submit(Submission(request, deliver, request_id, prepared), abandoned)
         except asyncio.CancelledError:
             # Cancelled while the submit ran on its thread: the request would otherwise run to its end with
             # nobody reading it. Set first, then abort: either this abort finds the route, or the thread sees
@@ -649,25 +602,6 @@ class TTSEngine:
             repetition_penalty=penalty, max_new_tokens=max_new, min_new_tokens=min_new, seed=r.seed,
             subtalker=RowSampling(do_sample=pick(r.subtalker_do_sample, g.subtalker_do_sample),
                                   temperature=sub_t, top_k=sub_k, top_p=sub_p, generator=generator))
-
-
-@dataclasses.dataclass
-class Submission:
-    """One request to submit: what `_submit` takes."""
-
-    request: SpeechRequest
-    deliver: Callable[[object], None]
-    request_id: str | None = None
-    prepared: tuple[PromptInputs, VoicePrompt | None] | None = None
-
-
-@dataclasses.dataclass
-class _Waiting:
-    """A submission waiting for a submit thread (`batch_submits`), its caller's future and abandoned flag."""
-
-    submission: Submission
-    future: Future
-    abandoned: threading.Event
 
 
 def _device_of(settings: StageConfig) -> str:
