@@ -2,7 +2,7 @@
 
 By default one thread of the engine's own takes every request waiting at once and submits them together, so a
 burst's prompts are built in one `PromptBuilder.build_many` (BENCHMARKS.md, fifteenth pass: closed 64 first chunk
-p95 128-163 vs 174-228 ms with a submit a request on the event loop's executor). The other ways stay as switches for
+p95 128-189 vs 174-228 ms with a submit a request on the event loop's executor). The other ways stay as switches for
 the bench: one request at a time on a pool of the engine's own (`threads`), or on the loop's executor (None).
 """
 
