@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -43,7 +44,7 @@ def timed(fn, device, reps: int = 20, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-PREDICTOR_VARIANTS = ("graph", "compiled", "autotuned")
+PREDICTOR_VARIANTS = ("graph", "compiled", "autotuned", "gemv")
 
 
 def predictor_bench(shape: str, device, dtype, batches, results: list, variants=PREDICTOR_VARIANTS) -> None:
@@ -71,11 +72,14 @@ def predictor_bench(shape: str, device, dtype, batches, results: list, variants=
         # small-M shapes, whose cuBLAS kernels were 52% of a frame's GPU time, BENCHMARKS "fourth pass").
         # Tried and dropped after measuring here (BENCHMARKS "fifth pass"): the top-k by `torch.topk`
         # instead of a full sort, and the cache attention as products and sums instead of SDPA.
+        # `gemv`: compiled, with the small products by the Triton matrix-vector kernel (`gemv.py`, a candidate).
         for label, compile, mode in (("graph_ms", False, None), ("compiled_graph_ms", True, None),
-                                     ("autotuned_graph_ms", True, "max-autotune-no-cudagraphs")):
+                                     ("autotuned_graph_ms", True, "max-autotune-no-cudagraphs"),
+                                     ("gemv_graph_ms", True, None)):
             if label.removesuffix("_graph_ms").removesuffix("_ms") not in variants:
                 continue
             torch._dynamo.reset()
+            predictor.small_gemv = label == "gemv_graph_ms"
             t = time.perf_counter()
             predictor.enable_cuda_graphs(max(batches), warmup=True, compile=compile, compile_mode=mode)
             torch.cuda.synchronize()
@@ -175,6 +179,67 @@ def _decoder_graph_ms(decoder: Code2WavDecoder, b: int, n: int, device) -> float
         return timed(graph.replay, device, reps=20)
 
 
+# (N, K) of the code predictor's products at 1.7B (q/k/v, o, gate/up, down, a codebook's head, the input projection)
+# and of the talker's (q/k/v, o, gate/up, down), for the matrix-vector kernel against cuBLAS
+GEMV_SHAPES = {"predictor": [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (2048, 1024), (1024, 2048)],
+               "talker": [(4096, 2048), (2048, 2048), (12288, 2048), (2048, 6144)]}
+
+
+def gemv_bench(device, results: list, rows_list=(2, 4, 8), reps: int = 20) -> None:
+    """Each product of `GEMV_SHAPES` at 2-8 rows: cuBLAS (`F.linear`) against the Triton matrix-vector kernel in
+    every (block_n, block_k, warps) tried, as microseconds a product inside a CUDA graph (how the predictor runs
+    them), over enough distinct weights (>= 256 MB) that they are read from memory, not the 60 MB L2 cache; and each
+    result's largest difference from a float32 product beside cuBLAS's."""
+    from tts_engine.models.qwen3_tts import gemv as kernel
+    from tts_engine.models.qwen3_tts.gemv import gemv
+
+    configs = [(bn, bk, w) for bn in (4, 8, 16) for bk in (128, 256, 512) for w in (2, 4)]
+    for model, shapes in GEMV_SHAPES.items():
+        for n, k in dict.fromkeys(shapes):
+            copies = max(8, (256 << 20) // (n * k * 2))
+            weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+            for rows in rows_list:
+                x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
+                exact = x.float() @ weights[0].float().T
+                row = {"what": "gemv", "model": model, "n": n, "k": k, "rows": rows, "weights_mb": n * k * 2 / 2**20}
+
+                def timed_graph(fn) -> float:
+                    outs = [fn(w) for w in weights[:2]]        # compiles and warms outside the capture
+                    torch.cuda.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        outs = [fn(w) for w in weights]
+                    graph.replay()
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    for _ in range(reps):
+                        graph.replay()
+                    end.record()
+                    torch.cuda.synchronize()
+                    del outs, graph
+                    return round(1000 * start.elapsed_time(end) / reps / len(weights), 2)
+
+                row["cublas_us"] = timed_graph(lambda w: F.linear(x, w))
+                row["cublas_err"] = float((F.linear(x, weights[0]).float() - exact).abs().max())
+                tried = {}
+                for config in configs:
+                    try:
+                        tried["%dx%dx%d" % config] = timed_graph(lambda w: gemv(x, w, config=config))
+                    except Exception as exc:      # a config Triton cannot build (registers, shared memory)
+                        tried["%dx%dx%d" % config] = str(exc)[:80]
+                timings = {c: t for c, t in tried.items() if isinstance(t, float)}
+                best = min(timings, key=timings.get)
+                row.update(gemv_best=best, gemv_us=timings[best], gemv_tried=tried,
+                           gemv_err=float((gemv(x, weights[0], config=tuple(map(int, best.split("x")))).float()
+                                           - exact).abs().max()))
+                print(json.dumps({k: v for k, v in row.items() if k != "gemv_tried"}), flush=True)
+                results.append(row)
+                if rows == 2:      # one stream's rows: the config the predictor variant `gemv` then runs with
+                    kernel.CONFIGS[f"{n}x{k}"] = tuple(map(int, best.split("x")))
+            del weights
+    print(json.dumps({"gemv_configs": {c: list(v) for c, v in kernel.CONFIGS.items()}}), flush=True)
+
+
 def state_table_bench(decoder: Code2WavDecoder, device, results: list, streams: int = 64, reps: int = 5) -> None:
     """What opening a burst of streams on Stage 1's state table costs, with `open` setting each row at once (eager)
     and with rows set together at the next read (lazy, `DecoderStateTable.settle`): host ms of the opens and the
@@ -227,6 +292,7 @@ def main() -> None:
     ap.add_argument("--out", default="micro.json")
     ap.add_argument("--skip-decoder", action="store_true")
     ap.add_argument("--state-table", action="store_true", help="only the state table's opens, eager vs lazy (GPU)")
+    ap.add_argument("--gemv", action="store_true", help="only the small products: cuBLAS vs the Triton kernel (GPU)")
     ap.add_argument("--shapes", default="0.6b,1.7b", help="predictor shapes on the GPU")
     ap.add_argument("--batches", default="1,4,16,64", help="predictor batch sizes on the GPU")
     ap.add_argument("--predictor-variants", default=",".join(PREDICTOR_VARIANTS),
@@ -240,6 +306,9 @@ def main() -> None:
             state_table_bench(full_decoder(device), device, results)
             Path(args.out).write_text(json.dumps(results, indent=1))
             return
+        if args.gemv:
+            gemv_bench(device, results)
+            Path(args.out).write_text(json.dumps(results, indent=1))
         batches = tuple(int(b) for b in args.batches.split(","))
         for shape in args.shapes.split(","):
             predictor_bench(shape, device, torch.bfloat16, batches, results, args.predictor_variants.split(","))

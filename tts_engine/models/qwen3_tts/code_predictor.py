@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tts_engine.models.qwen3_tts.config import TalkerConfig
+from tts_engine.models.qwen3_tts.gemv import small_linear
 from tts_engine.models.qwen3_tts.graph_capture import capture_on_device
 from tts_engine.models.qwen3_tts.layers import DecoderLayer, RMSNorm, apply_rope, rope_tables
 from tts_engine.models.qwen3_tts.sampling import BatchSampling, draw_noise, sample, sample_rows
@@ -61,6 +62,10 @@ class CodePredictor(nn.Module):
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self.graphs: PredictorGraphs | None = None
         self.use_graphs = True               # a switch for benchmarks (graphs captured stay valid)
+        # A candidate, off by default: the compiled step's matrix products of at most `gemv.MAX_ROWS` rows (batch
+        # buckets 2 and 4) run as one Triton matrix-vector kernel each (`gemv.py`) instead of cuBLAS's GEMM tiles.
+        # Read when the step is compiled (`enable_cuda_graphs`), so set it before.
+        self.small_gemv = False
 
     def _rope_tables(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         if self._rope is None or self._rope[0].device != device or self._rope[0].dtype != dtype:
@@ -121,12 +126,13 @@ class CodePredictor(nn.Module):
         """
         b, n, _ = x.shape
         d = self.shape.head_dim
+        linear = small_linear if self.small_gemv else F.linear
         cos_n, sin_n = cos[positions], sin[positions]                 # [n, d]
         slots = torch.arange(key_cache[0].shape[2], device=x.device)
         mask = slots[None, :] <= positions[:, None]                   # [n, 16]
         for layer, keys, values in zip(self.model.layers, key_cache, value_cache):
             attn, mlp = layer.self_attn, layer.mlp
-            qkv = F.linear(layer.input_layernorm(x), attn.qkv_weight)
+            qkv = linear(layer.input_layernorm(x), attn.qkv_weight)
             q, k, v = qkv.split([attn.q_proj.weight.shape[0], attn.k_proj.weight.shape[0],
                                  attn.v_proj.weight.shape[0]], dim=-1)
             q = apply_rope(attn.q_norm(q.reshape(b, n, -1, d)).transpose(1, 2), cos_n, sin_n)
@@ -135,13 +141,18 @@ class CodePredictor(nn.Module):
             values.index_copy_(2, positions, v.reshape(b, n, -1, d).transpose(1, 2))
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
                                                  enable_gqa=self.shape.num_heads != self.shape.num_kv_heads)
-            x = x + attn.o_proj(out.transpose(1, 2).reshape(b, n, -1))
-            gate, up = F.linear(layer.post_attention_layernorm(x), mlp.gate_up_weight).chunk(2, dim=-1)
-            x = x + mlp.down_proj(F.silu(gate) * up)
-        logits = F.linear(self.model.norm(x[:, -1]), lm_weight)
+            x = x + linear(out.transpose(1, 2).reshape(b, n, -1), attn.o_proj.weight)
+            gate, up = linear(layer.post_attention_layernorm(x), mlp.gate_up_weight).chunk(2, dim=-1)
+            x = x + linear(F.silu(gate) * up, mlp.down_proj.weight)
+        logits = linear(self.model.norm(x[:, -1]), lm_weight)
         code = sample_rows(logits, do_sample, temperature, top_k, top_p, noise, True, False)
         code_embed = F.embedding(code, embed_weight)
-        return code, code_embed, self.small_to_mtp_projection(code_embed).unsqueeze(1)
+        return code, code_embed, self._project(code_embed, linear).unsqueeze(1)
+
+    def _project(self, x: torch.Tensor, linear) -> torch.Tensor:
+        """`small_to_mtp_projection` (talker width to the predictor's) with `linear`; the identity at equal widths."""
+        proj = self.small_to_mtp_projection
+        return linear(x, proj.weight, proj.bias) if isinstance(proj, nn.Linear) else proj(x)
 
     def predict_fused(self, step_fn, hidden: torch.Tensor, c0_embed: torch.Tensor, params: BatchSampling,
                       noise: torch.Tensor, positions: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
