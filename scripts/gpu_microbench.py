@@ -44,7 +44,7 @@ def timed(fn, device, reps: int = 20, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-PREDICTOR_VARIANTS = ("graph", "compiled", "autotuned", "gemv")
+PREDICTOR_VARIANTS = ("graph", "compiled", "autotuned", "gemv", "gemv-all")
 
 
 def predictor_bench(shape: str, device, dtype, batches, results: list, variants=PREDICTOR_VARIANTS) -> None:
@@ -62,6 +62,8 @@ def predictor_bench(shape: str, device, dtype, batches, results: list, variants=
         greedy = BatchSampling.stack([RowSampling(False) for _ in range(b)], device)
         inputs[b] = (hidden, c0, sampled, greedy)
     rows = {b: {"what": "predictor", "shape": shape, "batch": b} for b in batches}
+    from tts_engine.models.qwen3_tts import gemv as kernel
+    taken = kernel.TAKEN
     predictor.graphs = None
     with torch.inference_mode():
         for b, (hidden, c0, sampled, greedy) in inputs.items():
@@ -75,11 +77,13 @@ def predictor_bench(shape: str, device, dtype, batches, results: list, variants=
         # `gemv`: compiled, with the small products by the Triton matrix-vector kernel (`gemv.py`, a candidate).
         for label, compile, mode in (("graph_ms", False, None), ("compiled_graph_ms", True, None),
                                      ("autotuned_graph_ms", True, "max-autotune-no-cudagraphs"),
-                                     ("gemv_graph_ms", True, None)):
-            if label.removesuffix("_graph_ms").removesuffix("_ms") not in variants:
+                                     ("gemv_graph_ms", True, None), ("gemv_all_graph_ms", True, None)):
+            if label.removesuffix("_graph_ms").removesuffix("_ms").replace("_", "-") not in variants:
                 continue
             torch._dynamo.reset()
-            predictor.small_gemv = label == "gemv_graph_ms"
+            # `gemv`: the weights `gemv.TAKEN` names; `gemv-all`: every product of at most `gemv.MAX_ROWS` rows
+            predictor.small_gemv = label.startswith("gemv")
+            kernel.TAKEN = None if label == "gemv_all_graph_ms" else taken
             t = time.perf_counter()
             predictor.enable_cuda_graphs(max(batches), warmup=True, compile=compile, compile_mode=mode)
             torch.cuda.synchronize()
@@ -115,12 +119,13 @@ def _kernel_split(label: str, fn, reps: int = 10) -> dict:
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
-    summary = summarize([kernels_of(prof)], frames=reps, top=0)   # the reps as one span, per call
+    summary = summarize([kernels_of(prof)], frames=reps, top=8)   # the reps as one span, per call
     if not summary["kernels"]:
         return {}
     base = label.replace("_ms", "")
     return {f"{base}_kernels": summary["kernels_per_frame"], f"{base}_kernel_ms": summary["kernel_ms_per_frame"],
-            f"{base}_busy_ms": summary["busy_ms_per_frame"], f"{base}_window_ms": summary["window_ms_per_frame"]}
+            f"{base}_busy_ms": summary["busy_ms_per_frame"], f"{base}_window_ms": summary["window_ms_per_frame"],
+            f"{base}_top": [(k["kernel"][:60], k["ms_per_frame"], k["per_frame"]) for k in summary["top"]]}
 
 
 def full_decoder(device, shape: str = "full") -> Code2WavDecoder:

@@ -48,8 +48,9 @@ if triton is not None:
                  mask=(row[:, None] < rows) & (strip[None, :] < n))
 
 
-# (block_n, block_k, warps) by the weight's input width; tuned on the H200 (scripts/gpu_microbench.py --gemv)
-CONFIGS: dict[str, tuple[int, int, int]] = {"default": (8, 256, 4)}
+# (block_n, block_k, warps) by weight ("NxK"); the best of 18 tried on the H200 at 2 rows for every shape of the
+# predictor and the talker was 4 x 512 with 2 warps (12288x2048: 8 x 512) (`gpu_microbench.py --gemv`)
+CONFIGS: dict[str, tuple[int, int, int]] = {"default": (4, 512, 2)}
 
 
 def config_for(n: int, k: int) -> tuple[int, int, int]:
@@ -75,9 +76,15 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     return out.reshape(*x.shape[:-1], n)
 
 
+# Which weights ("NxK") take the kernel, and up to how many rows; None: every weight, up to MAX_ROWS. Measured on the
+# H200 (`gpu_microbench.py --gemv`, a product timed alone in a CUDA graph): cuBLAS reads the other shapes faster.
+TAKEN: dict[str, int] | None = {"1024x2048": 4}
+
+
 def takes_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
     rows = x.numel() // max(1, x.shape[-1])
-    return (triton is not None and x.is_cuda and rows <= MAX_ROWS and weight.stride(-1) == 1
+    limit = MAX_ROWS if TAKEN is None else TAKEN.get(f"{weight.shape[0]}x{weight.shape[1]}", 0)
+    return (triton is not None and x.is_cuda and rows <= limit and weight.stride(-1) == 1
             and weight.dtype == x.dtype)
 
 
