@@ -309,6 +309,23 @@ def test_the_thirteenth_to_fifteenth_pass_variants_switch_on_and_back():
     assert sys.getswitchinterval() == interval and engine.submit_threads == 1 and engine.batch_submits is True
 
 
+def test_the_small_gemv_variant_captures_the_smallest_bucket_again():
+    """`no-small-gemv` switches the predictor's matrix-vector kernel off and captures again the one graph it is in
+    (the smallest bucket's sampled one); undoing it switches it on and captures that graph again."""
+    from types import SimpleNamespace
+
+    from tts_engine.tools.bench import VARIANTS, apply_variant
+
+    captured = []
+    graphs = SimpleNamespace(step_fn=object(), buckets=[2, 4, 8], capture=lambda *key: captured.append(key))
+    predictor = SimpleNamespace(small_gemv=True, graphs=graphs)
+    engine = SimpleNamespace(talker_engine=SimpleNamespace(model=SimpleNamespace(code_predictor=predictor)))
+    previous = apply_variant(engine, VARIANTS["no-small-gemv"])
+    assert predictor.small_gemv is False and captured == [(2, True, False)]
+    apply_variant(engine, previous)
+    assert predictor.small_gemv is True and captured == [(2, True, False)] * 2
+
+
 def test_the_worktree_id_names_the_commit_whose_files_ran(tmp_path):
     """Results from a copy of the tree without its history can be traced to the commit with the same tree."""
     import subprocess

@@ -21,8 +21,9 @@ from tts_engine.models.qwen3_tts.sampling import BatchSampling, RowSampling, dra
 from tts_engine.tools.demo_checkpoint import _decoder_config, demo_config
 
 
-@pytest.mark.parametrize("size", ["0b6", "1b7"])
-def test_fused_predictor_step_matches_eager(size):
+def fused_predictor_inputs(size: str):
+    """A random predictor of `size` (projections not fused yet), the inputs of a 3-row call (two sampled rows, one
+    greedy; noise drawn) and the fused loop's positions."""
     talker = _read_talker(_Reader(demo_config("custom_voice", size)["talker_config"], Path("talker_config")))
     torch.manual_seed(0)
     predictor = CodePredictor(talker).eval().requires_grad_(False)
@@ -31,11 +32,17 @@ def test_fused_predictor_step_matches_eager(size):
     rows = [RowSampling(True, 0.9, 50, 1.0), RowSampling(True, 0.7, 5, 1.0), RowSampling(False)]
     params = BatchSampling.stack(rows, torch.device("cpu"))
     noise = draw_noise((batch, 15, talker.codebook_size), params.generators, torch.device("cpu"))
+    positions = [torch.arange(2)] + [torch.tensor([s + 1]) for s in range(1, 15)]
+    return predictor, (hidden, c0, params, noise), positions
+
+
+@pytest.mark.parametrize("size", ["0b6", "1b7"])
+def test_fused_predictor_step_matches_eager(size):
+    predictor, (hidden, c0, params, noise), positions = fused_predictor_inputs(size)
     with torch.inference_mode():
         codes, embed = predictor.predict_eager(hidden, c0, params, noise)
         predictor._fuse_projections()
         again, _ = predictor.predict_eager(hidden, c0, params, noise)      # the Linears are now views
-        positions = [torch.arange(2)] + [torch.tensor([s + 1]) for s in range(1, 15)]
         fused_codes, fused_embed = predictor.predict_fused(predictor._fused_step, hidden, c0, params, noise,
                                                            positions)
     assert torch.equal(again, codes)

@@ -485,6 +485,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "no-predictor-graphs": {"predictor_graphs": False},                # eager 15-step predictor loop
     "plain-predictor-graphs": {"predictor_compile": False},            # graphs of the uncompiled loop
+    # the smallest bucket's predictor graph with cuBLAS for every product, not the Triton kernel for o_proj's
+    "no-small-gemv": {"predictor_small_gemv": False},
     "host-syncs": {"host_syncs": True},                                # the old blocking uploads per step
     "no-decoder-graphs": {"decoder_graphs": False},
     "decoder-graphs-b1": {"decoder_graph_max_batch": 1},              # graphs for single streams only
@@ -587,6 +589,12 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
                 predictor.graphs = plain
             elif value and getattr(predictor, "_fused_graphs", None) is not None:
                 predictor.graphs = predictor._fused_graphs
+        elif key == "predictor_small_gemv":
+            previous[key] = predictor.small_gemv
+            predictor.small_gemv = value
+            graphs = predictor.graphs
+            if graphs is not None and graphs.step_fn is not None:      # the one graph it changes, captured again
+                graphs.capture(graphs.buckets[0], True, False)
         elif key == "host_syncs":
             previous[key] = "decode_embeddings" in vars(engine.talker)
             _host_syncs(engine.talker, value)

@@ -62,10 +62,12 @@ class CodePredictor(nn.Module):
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self.graphs: PredictorGraphs | None = None
         self.use_graphs = True               # a switch for benchmarks (graphs captured stay valid)
-        # A candidate, off by default: the compiled step's matrix products of at most `gemv.MAX_ROWS` rows (batch
-        # buckets 2 and 4) run as one Triton matrix-vector kernel each (`gemv.py`) instead of cuBLAS's GEMM tiles.
-        # Read when the step is compiled (`enable_cuda_graphs`), so set it before.
-        self.small_gemv = False
+        # The graphs of the smallest batch bucket (one or two streams) run the compiled step's products with the
+        # weights `gemv.TAKEN` names (o_proj and the input projection: 90 of a frame's ~330) as a Triton
+        # matrix-vector kernel instead of cuBLAS's split GEMM tiles (H200, batch 1: predictor graph 4.38 -> 4.13 ms,
+        # BENCHMARKS.md sixteenth pass). Other buckets keep cuBLAS: the op boundary costs Inductor fusions there.
+        # Read when a graph is captured (bench variant `no-small-gemv` recaptures the bucket with it off).
+        self.small_gemv = True
 
     def _rope_tables(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         if self._rope is None or self._rope[0].device != device or self._rope[0].dtype != dtype:
@@ -118,15 +120,17 @@ class CodePredictor(nn.Module):
     def _fused_step(self, x: torch.Tensor, positions: torch.Tensor, key_cache: list[torch.Tensor],
                     value_cache: list[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor, do_sample: torch.Tensor,
                     temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, noise: torch.Tensor,
-                    lm_weight: torch.Tensor, embed_weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    lm_weight: torch.Tensor, embed_weight: torch.Tensor,
+                    small: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One predictor step for x [B, n, Hc] at `positions` [n] (the first step: n=2, positions 0,1).
 
         Writes the step's keys/values into the [B, kv, 16, d] caches and attends over all 16 slots
         with a position mask. Returns (code [B], its embedding [B, H_talker], next input [B, 1, Hc]).
+        `small`: products through `small_linear` (see `small_gemv`); a compile of its own.
         """
         b, n, _ = x.shape
         d = self.shape.head_dim
-        linear = small_linear if self.small_gemv else F.linear
+        linear = small_linear if small else F.linear
         cos_n, sin_n = cos[positions], sin[positions]                 # [n, d]
         slots = torch.arange(key_cache[0].shape[2], device=x.device)
         mask = slots[None, :] <= positions[:, None]                   # [n, 16]
@@ -155,7 +159,8 @@ class CodePredictor(nn.Module):
         return linear(x, proj.weight, proj.bias) if isinstance(proj, nn.Linear) else proj(x)
 
     def predict_fused(self, step_fn, hidden: torch.Tensor, c0_embed: torch.Tensor, params: BatchSampling,
-                      noise: torch.Tensor, positions: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+                      noise: torch.Tensor, positions: list[torch.Tensor],
+                      small: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """The sampled loop from `step_fn` (`_fused_step`, compiled); `noise` [B, 15, V]."""
         batch = hidden.shape[0]
         steps = self.talker_config.num_code_groups - 1
@@ -173,7 +178,7 @@ class CodePredictor(nn.Module):
                 torch._dynamo.maybe_mark_dynamic(t, 0)
             code, code_embed, x = step_fn(x, positions[step], key_cache, value_cache, cos, sin, params.do_sample,
                                           params.temperature, params.top_k, params.top_p, step_noise,
-                                          self.lm_head[step].weight, self.model.codec_embedding[step].weight)
+                                          self.lm_head[step].weight, self.model.codec_embedding[step].weight, small)
             codes.append(code)
             embeds.append(code_embed)
         return torch.stack(codes, dim=1), torch.stack(embeds, dim=1).sum(1)
@@ -273,9 +278,10 @@ class PredictorGraphs:
         params = self._params(b, any_sample, any_top_p)
         args = (self.hidden[:b], self.c0_embed[:b], params, self.noise[:b])
         fused = self.step_fn is not None and any_sample and not any_top_p
+        small = self.predictor.small_gemv and b == self.buckets[0]
         if fused:
             def run():
-                return self.predictor.predict_fused(self.step_fn, *args, self.positions)
+                return self.predictor.predict_fused(self.step_fn, *args, self.positions, small)
         else:
             def run():
                 return self.predictor.predict_eager(*args)
