@@ -190,6 +190,24 @@ GEMV_SHAPES = {"predictor": [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 30
                "talker": [(4096, 2048), (2048, 2048), (12288, 2048), (2048, 6144)]}
 
 
+def _graph_us(product, weights: list, reps: int) -> float:
+    """Microseconds a `product(weight)` inside one CUDA graph of a product per weight, replayed `reps` times."""
+    outs = [product(w) for w in weights[:2]]        # compiles and warms outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [product(w) for w in weights]
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    del outs, graph
+    return round(1000 * start.elapsed_time(end) / reps / len(weights), 2)
+
+
 def gemv_bench(device, results: list, rows_list=(2, 4, 8), reps: int = 20) -> None:
     """Each product of `GEMV_SHAPES` at 2-8 rows: cuBLAS (`F.linear`) against the Triton matrix-vector kernel in
     every (block_n, block_k, warps) tried, as microseconds a product inside a CUDA graph (how the predictor runs
@@ -207,29 +225,12 @@ def gemv_bench(device, results: list, rows_list=(2, 4, 8), reps: int = 20) -> No
                 x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
                 exact = x.float() @ weights[0].float().T
                 row = {"what": "gemv", "model": model, "n": n, "k": k, "rows": rows, "weights_mb": n * k * 2 / 2**20}
-
-                def timed_graph(fn) -> float:
-                    outs = [fn(w) for w in weights[:2]]        # compiles and warms outside the capture
-                    torch.cuda.synchronize()
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph):
-                        outs = [fn(w) for w in weights]
-                    graph.replay()
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    for _ in range(reps):
-                        graph.replay()
-                    end.record()
-                    torch.cuda.synchronize()
-                    del outs, graph
-                    return round(1000 * start.elapsed_time(end) / reps / len(weights), 2)
-
-                row["cublas_us"] = timed_graph(lambda w: F.linear(x, w))
+                row["cublas_us"] = _graph_us(lambda w: F.linear(x, w), weights, reps)
                 row["cublas_err"] = float((F.linear(x, weights[0]).float() - exact).abs().max())
                 tried = {}
                 for config in configs:
                     try:
-                        tried["%dx%dx%d" % config] = timed_graph(lambda w: gemv(x, w, config=config))
+                        tried["%dx%dx%d" % config] = _graph_us(lambda w: gemv(x, w, config=config), weights, reps)
                     except Exception as exc:      # a config Triton cannot build (registers, shared memory)
                         tried["%dx%dx%d" % config] = str(exc)[:80]
                 timings = {c: t for c, t in tried.items() if isinstance(t, float)}
@@ -241,7 +242,6 @@ def gemv_bench(device, results: list, rows_list=(2, 4, 8), reps: int = 20) -> No
                 results.append(row)
                 if rows == 2:      # one stream's rows: the config the predictor variant `gemv` then runs with
                     kernel.CONFIGS[f"{n}x{k}"] = tuple(map(int, best.split("x")))
-            del weights
     print(json.dumps({"gemv_configs": {c: list(v) for c, v in kernel.CONFIGS.items()}}), flush=True)
 
 
