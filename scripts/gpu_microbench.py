@@ -44,7 +44,7 @@ def timed(fn, device, reps: int = 20, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-PREDICTOR_VARIANTS = ("graph", "compiled", "autotuned", "gemv", "gemv-all")
+PREDICTOR_VARIANTS = ("graph", "compiled", "autotuned", "gemv", "gemv-everywhere")
 
 
 def predictor_bench(shape: str, device, dtype, batches, results: list, variants=PREDICTOR_VARIANTS) -> None:
@@ -62,8 +62,6 @@ def predictor_bench(shape: str, device, dtype, batches, results: list, variants=
         greedy = BatchSampling.stack([RowSampling(False) for _ in range(b)], device)
         inputs[b] = (hidden, c0, sampled, greedy)
     rows = {b: {"what": "predictor", "shape": shape, "batch": b} for b in batches}
-    from tts_engine.models.qwen3_tts import gemv as kernel
-    taken = kernel.TAKEN
     predictor.graphs = None
     with torch.inference_mode():
         for b, (hidden, c0, sampled, greedy) in inputs.items():
@@ -77,15 +75,17 @@ def predictor_bench(shape: str, device, dtype, batches, results: list, variants=
         # `gemv`: compiled, with the small products by the Triton matrix-vector kernel (`gemv.py`, a candidate).
         for label, compile, mode in (("graph_ms", False, None), ("compiled_graph_ms", True, None),
                                      ("autotuned_graph_ms", True, "max-autotune-no-cudagraphs"),
-                                     ("gemv_graph_ms", True, None), ("gemv_all_graph_ms", True, None)):
+                                     ("gemv_graph_ms", True, None), ("gemv_everywhere_graph_ms", True, None)):
             if label.removesuffix("_graph_ms").removesuffix("_ms").replace("_", "-") not in variants:
                 continue
             torch._dynamo.reset()
-            # `gemv`: the weights `gemv.TAKEN` names; `gemv-all`: every product of at most `gemv.MAX_ROWS` rows
+            # `gemv`: the engine's default (the smallest bucket's o_proj and input projection by the kernel); `compiled`
+            # without it; `gemv-everywhere`: every bucket's graph from the step with those products as the custom op
             predictor.small_gemv = label.startswith("gemv")
-            kernel.TAKEN = None if label == "gemv_all_graph_ms" else taken
             t = time.perf_counter()
-            predictor.enable_cuda_graphs(max(batches), warmup=True, compile=compile, compile_mode=mode)
+            predictor.enable_cuda_graphs(max(batches), warmup=False, compile=compile, compile_mode=mode)
+            predictor.graphs.small_everywhere = label == "gemv_everywhere_graph_ms"
+            predictor.graphs.capture_all()
             torch.cuda.synchronize()
             setup = round(time.perf_counter() - t, 2)
             with torch.inference_mode():

@@ -126,7 +126,7 @@ class CodePredictor(nn.Module):
 
         Writes the step's keys/values into the [B, kv, 16, d] caches and attends over all 16 slots
         with a position mask. Returns (code [B], its embedding [B, H_talker], next input [B, 1, Hc]).
-        `small`: products through `small_linear` (see `small_gemv`); a compile of its own.
+        `small`: o_proj and the input projection through `small_linear` (see `small_gemv`); a compile of its own.
         """
         b, n, _ = x.shape
         d = self.shape.head_dim
@@ -136,7 +136,7 @@ class CodePredictor(nn.Module):
         mask = slots[None, :] <= positions[:, None]                   # [n, 16]
         for layer, keys, values in zip(self.model.layers, key_cache, value_cache):
             attn, mlp = layer.self_attn, layer.mlp
-            qkv = linear(layer.input_layernorm(x), attn.qkv_weight)
+            qkv = F.linear(layer.input_layernorm(x), attn.qkv_weight)
             q, k, v = qkv.split([attn.q_proj.weight.shape[0], attn.k_proj.weight.shape[0],
                                  attn.v_proj.weight.shape[0]], dim=-1)
             q = apply_rope(attn.q_norm(q.reshape(b, n, -1, d)).transpose(1, 2), cos_n, sin_n)
@@ -146,9 +146,9 @@ class CodePredictor(nn.Module):
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
                                                  enable_gqa=self.shape.num_heads != self.shape.num_kv_heads)
             x = x + linear(out.transpose(1, 2).reshape(b, n, -1), attn.o_proj.weight)
-            gate, up = linear(layer.post_attention_layernorm(x), mlp.gate_up_weight).chunk(2, dim=-1)
-            x = x + linear(F.silu(gate) * up, mlp.down_proj.weight)
-        logits = linear(self.model.norm(x[:, -1]), lm_weight)
+            gate, up = F.linear(layer.post_attention_layernorm(x), mlp.gate_up_weight).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, mlp.down_proj.weight)
+        logits = F.linear(self.model.norm(x[:, -1]), lm_weight)
         code = sample_rows(logits, do_sample, temperature, top_k, top_p, noise, True, False)
         code_embed = F.embedding(code, embed_weight)
         return code, code_embed, self._project(code_embed, linear).unsqueeze(1)
@@ -262,6 +262,9 @@ class PredictorGraphs:
         self._graphs: dict[tuple[int, bool, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self.step_fn = None
         self.compiled = False
+        # every bucket's graph with `small_gemv`'s products, not the smallest's only (gpu_microbench variant
+        # `gemv-everywhere`: one compile for all buckets instead of two)
+        self.small_everywhere = False
         if compile:
             try:
                 predictor._fuse_projections()
@@ -278,7 +281,7 @@ class PredictorGraphs:
         params = self._params(b, any_sample, any_top_p)
         args = (self.hidden[:b], self.c0_embed[:b], params, self.noise[:b])
         fused = self.step_fn is not None and any_sample and not any_top_p
-        small = self.predictor.small_gemv and b == self.buckets[0]
+        small = self.predictor.small_gemv and (b == self.buckets[0] or self.small_everywhere)
         if fused:
             def run():
                 return self.predictor.predict_fused(self.step_fn, *args, self.positions, small)
