@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import torch
 import torch.nn.functional as F
@@ -310,9 +311,16 @@ class PredictorGraphs:
     def capture_all(self) -> None:
         """The variants every engine meets: greedy and sampled (top-p off), every bucket, largest
         first so smaller graphs reuse the pool's blocks."""
+        started = time.perf_counter()
+        seconds = {}
         for b in reversed(self.buckets):
+            began = time.perf_counter()
             for any_sample in (True, False):
                 self.capture(b, any_sample, False)
+            seconds[b] = time.perf_counter() - began
+        # the first bucket captured compiles the step, the smallest (with `small_gemv`) compiles its own
+        log.info("code predictor: %d CUDA graphs captured in %.1f s (batch buckets, largest first: %s s)", len(self._graphs),
+                 time.perf_counter() - started, ", ".join(f"{b}: {seconds[b]:.1f}" for b in reversed(self.buckets)))
 
     def bucket(self, batch: int) -> int:
         return next(b for b in self.buckets if b >= batch)
