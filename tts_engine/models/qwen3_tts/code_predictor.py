@@ -162,7 +162,9 @@ class CodePredictor(nn.Module):
     def predict_fused(self, step_fn, hidden: torch.Tensor, c0_embed: torch.Tensor, params: BatchSampling,
                       noise: torch.Tensor, positions: list[torch.Tensor],
                       small: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """The sampled loop from `step_fn` (`_fused_step`, compiled); `noise` [B, 15, V]."""
+        """The sampled loop from `step_fn` (`_fused_step`, compiled); `noise` [B, 15, V]. `small`: the steps after the
+        first with `small_gemv`'s products (the first step's two positions a row make 4 rows at one stream, where
+        the kernel gains ~1.5 us a product, H200: not worth the ~14 s its own compile adds to start-up)."""
         batch = hidden.shape[0]
         steps = self.talker_config.num_code_groups - 1
         cos, sin = self._rope_tables(hidden.device, hidden.dtype)
@@ -179,7 +181,8 @@ class CodePredictor(nn.Module):
                 torch._dynamo.maybe_mark_dynamic(t, 0)
             code, code_embed, x = step_fn(x, positions[step], key_cache, value_cache, cos, sin, params.do_sample,
                                           params.temperature, params.top_k, params.top_p, step_noise,
-                                          self.lm_head[step].weight, self.model.codec_embedding[step].weight, small)
+                                          self.lm_head[step].weight, self.model.codec_embedding[step].weight,
+                                          small and step > 0)
             codes.append(code)
             embeds.append(code_embed)
         return torch.stack(codes, dim=1), torch.stack(embeds, dim=1).sum(1)
