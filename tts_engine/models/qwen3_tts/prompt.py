@@ -247,19 +247,21 @@ class PromptBuilder:
         results: list[TalkerPrompt | Exception | None] = [None] * len(inputs)
         with on_stream, torch.inference_mode():
             ids = self._tokenized([assistant_text(p.text) for p in inputs])
-            pieces: list[int] = []
+            pieces: dict[int, tuple] = {}   # index -> its speaker vector's fingerprint (the pieces' cache key)
             for i, (p, text_ids) in enumerate(zip(inputs, ids)):
+                voice = _fingerprint(_voice_vector(p)) if self.cache_prefills and p.ref_codes is None else None
                 if isinstance(text_ids, Exception):
                     results[i] = text_ids
-                elif self.cache_prefills and p.ref_codes is None and _fingerprint(_voice_vector(p)) is not None:
-                    pieces.append(i)        # put together from host pieces, with the others of the batch
+                elif voice is not None:
+                    pieces[i] = voice       # put together from host pieces, with the others of the batch
                 else:
                     results[i] = self._built_alone(p, text_ids)
             if pieces:
                 try:
-                    built = self._from_pieces([inputs[i] for i in pieces], [ids[i] for i in pieces])
+                    built = self._from_pieces([inputs[i] for i in pieces], [ids[i] for i in pieces],
+                                              list(pieces.values()))
                 except Exception:           # one bad request must not fail the others: each alone, its own error
-                    built = [self._from_pieces_alone(inputs[i], ids[i]) for i in pieces]
+                    built = [self._from_pieces_alone(inputs[i], ids[i], voice) for i, voice in pieces.items()]
                 for i, prompt in zip(pieces, built):
                     results[i] = prompt
         if self.wait_for_prefill:
@@ -294,13 +296,14 @@ class PromptBuilder:
         except Exception as exc:
             return exc
 
-    def _from_pieces_alone(self, p: PromptInputs, ids: list[int]) -> "TalkerPrompt | Exception":
+    def _from_pieces_alone(self, p: PromptInputs, ids: list[int], voice: tuple) -> "TalkerPrompt | Exception":
         try:
-            return self._from_pieces([p], [ids])[0]
+            return self._from_pieces([p], [ids], [voice])[0]
         except Exception as exc:
             return exc
 
-    def _from_pieces(self, inputs: list[PromptInputs], ids: list[list[int]]) -> list[TalkerPrompt]:
+    def _from_pieces(self, inputs: list[PromptInputs], ids: list[list[int]],
+                     voices: list[tuple]) -> list[TalkerPrompt]:
         """Prompts of a preset speaker, a speaker vector (a cloned voice without its reference codes) or none: what
         does not depend on the text comes from the host caches (built the uncached way on a miss), and the text is
         projected on the GPU, one prompt at a time, from token ids uploaded together.
@@ -308,15 +311,16 @@ class PromptBuilder:
         The text a step at a time (streaming): the prefill is the lead and the first token's row (cached by the
         token alone: the codec BOS row is the same for every language and speaker), both on the host, and only the
         trailing text is GPU work. The whole text in the prefill: its rows over the codec pad are the one part
-        built on the GPU, copied into one pinned buffer that holds every such prefill of the batch."""
+        built on the GPU, copied into one pinned buffer that holds every such prefill of the batch. `voices`: each
+        prompt's `_fingerprint` of its speaker vector, taken once by the caller."""
         cfg, tok = self.config, self.config.tokens
         tts_bos, tts_eos, tts_pad = self._once("T", [tok.tts_bos, tok.tts_eos, tok.tts_pad]).unbind(0)
         spans, flat, leads, codec_bos = [], [], [], []
-        for p, text_ids in zip(inputs, ids):
+        for p, text_ids, voice in zip(inputs, ids, voices):
             lang = self.language_id(p.language, p.speaker)
             vector = _voice_vector(p)
             leads.append(self.leads.get(
-                (p.instruct, lang, p.speaker, _fingerprint(vector), tuple(text_ids[:3])),
+                (p.instruct, lang, p.speaker, voice, tuple(text_ids[:3])),
                 lambda: torch.cat(self._lead(p, text_ids, lang, vector, tts_pad, tts_bos)[0])))
             codec_bos.append(lambda lang=lang, speaker=p.speaker:
                              self._codec_track(lang, speaker, None, tts_pad, tts_bos)[1])
