@@ -63,11 +63,12 @@ class CodePredictor(nn.Module):
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self.graphs: PredictorGraphs | None = None
         self.use_graphs = True               # a switch for benchmarks (graphs captured stay valid)
-        # The graphs of the smallest batch bucket (one or two streams) run the compiled step's products with the
-        # weights `gemv.TAKEN` names (o_proj and the input projection: 90 of a frame's ~330) as a Triton
-        # matrix-vector kernel instead of cuBLAS's split GEMM tiles (H200, batch 1: predictor graph 4.38 -> 4.13 ms,
-        # BENCHMARKS.md sixteenth pass). Other buckets keep cuBLAS: the op boundary costs Inductor fusions there.
-        # Read when a graph is captured (bench variant `no-small-gemv` recaptures the bucket with it off).
+        # The graph of the smallest batch bucket (one or two streams) runs o_proj and the input projection (84 of a
+        # frame's ~330 products, in the steps after the first) as a Triton matrix-vector kernel (`gemv.py`) instead
+        # of cuBLAS's split-K tiles, which take 13 us for that 4 MB weight at 2 rows (H200, BENCHMARKS.md sixteenth
+        # pass: predictor kernel time 3.98 -> 3.30 ms a frame, one stream's frame p50 7.0-7.2 -> 6.5-6.6 ms). Other
+        # buckets keep cuBLAS: there the op boundary cost Inductor's fusions (batch 64: 4.7 -> 5.6 ms). Costs one more
+        # compile at start-up. Read when a graph is captured (bench variant `no-small-gemv` recaptures it off).
         self.small_gemv = True
 
     def _rope_tables(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
