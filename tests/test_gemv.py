@@ -49,17 +49,12 @@ def test_the_kernel_computes_the_product_for_every_row_count():
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
-def test_only_named_weights_and_few_rows_on_cuda_take_the_kernel(monkeypatch):
-    x2, x5 = torch.zeros(1, 2, 2048), torch.zeros(5, 2048)
-    w = torch.zeros(1024, 2048)
-    assert not gemv.takes_kernel(x2, w)                     # the CPU: always F.linear
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
-    assert gemv.takes_kernel(x2, w)                         # o_proj's shape, 2 rows
-    assert not gemv.takes_kernel(x5, w)                     # more rows than its entry allows
-    assert not gemv.takes_kernel(x2, torch.zeros(4096, 2048))      # a shape cuBLAS reads faster
-    assert not gemv.takes_kernel(x2, torch.zeros(2048, 1024).T)    # rows of the weight not contiguous
+def test_only_named_weights_and_few_rows_take_the_kernel(monkeypatch):
+    assert gemv.row_limit(1024, 2048) == 4                  # o_proj's and the input projection's shape
+    assert gemv.row_limit(4096, 2048) == 0                  # a shape cuBLAS reads faster
+    assert not gemv.takes_kernel(torch.zeros(1, 2, 2048), torch.zeros(1024, 2048))     # the CPU: always F.linear
     monkeypatch.setattr(gemv, "TAKEN", None)
-    assert gemv.takes_kernel(x2, torch.zeros(4096, 2048)) and not gemv.takes_kernel(torch.zeros(9, 2048), w)
+    assert gemv.row_limit(4096, 2048) == gemv.MAX_ROWS
 
 
 def test_the_small_step_computes_what_the_plain_step_does():

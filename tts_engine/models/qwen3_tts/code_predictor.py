@@ -298,6 +298,11 @@ class PredictorGraphs:
         except Exception:
             if not fused:
                 raise
+            if small:      # the matrix-vector kernel (Triton on this GPU) must not cost the compiled step
+                log.exception("code predictor: the step with the matrix-vector kernel failed for batch %d; "
+                              "capturing it with cuBLAS", b)
+                self.predictor.small_gemv = False
+                return self.capture(b, any_sample, any_top_p)
             log.exception("code predictor: compiled step failed for batch %d; using the plain captured loop", b)
             self.step_fn = None
             return self.capture(b, any_sample, any_top_p)

@@ -81,10 +81,14 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 TAKEN: dict[str, int] | None = {"1024x2048": 4}
 
 
+def row_limit(n: int, k: int) -> int:
+    """The most input rows a product with an N x K weight may have to take the kernel (0: it never does)."""
+    return MAX_ROWS if TAKEN is None else TAKEN.get(f"{n}x{k}", 0)
+
+
 def takes_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
     rows = x.numel() // max(1, x.shape[-1])
-    limit = MAX_ROWS if TAKEN is None else TAKEN.get(f"{weight.shape[0]}x{weight.shape[1]}", 0)
-    return (triton is not None and x.is_cuda and rows <= limit and weight.stride(-1) == 1
+    return (triton is not None and x.is_cuda and rows <= row_limit(*weight.shape) and weight.stride(-1) == 1
             and weight.dtype == x.dtype)
 
 
