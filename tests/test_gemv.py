@@ -39,6 +39,11 @@ for rows, n, k, bias, config in [(1, 40, 70, False, (8, 64, 4)), (2, 64, 256, Tr
 three = torch.randn(2, 3, 48)        # leading dimensions are kept
 w = torch.randn(24, 48)
 assert torch.allclose(gemv(three, w, config=(8, 16, 2)), three @ w.T, atol=1e-4)
+try:
+    gemv(three, torch.randn(48, 24).T)
+    raise SystemExit("a weight with strided rows was taken")
+except ValueError:
+    pass
 print("ok")
 """
 
@@ -70,3 +75,22 @@ def test_the_small_step_computes_what_the_plain_step_does():
         step = torch.compile(predictor._fused_step, fullgraph=True, backend="aot_eager")
         small = predictor.predict_fused(step, *args, positions, True)
     assert torch.equal(small[0], plain[0]) and torch.equal(small[1], plain[1])
+
+
+def test_only_the_steps_after_the_first_run_small():
+    """`predict_fused(..., small=True)` asks for the small step in its 14 steps after the first only (the first
+    step's two positions a row gain little from the kernel and would cost a compile of their own)."""
+    from tests.test_fast_paths import fused_predictor_inputs
+
+    predictor, args, positions = fused_predictor_inputs("0b6")
+    predictor._fuse_projections()
+    asked = []
+
+    def step(*step_args):
+        asked.append(step_args[-1])
+        return predictor._fused_step(*step_args)
+
+    with torch.inference_mode():
+        predictor.predict_fused(step, *args, positions, True)
+        predictor.predict_fused(step, *args, positions)
+    assert asked == [False] + [True] * 14 + [False] * 15

@@ -62,6 +62,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     """x [..., K] @ weight[N, K].T (+ bias) with the kernel, whatever the row count (tests, the microbench)."""
     if triton is None:
         raise RuntimeError("Triton is not installed")
+    if weight.stride(-1) != 1:
+        raise ValueError("the kernel reads the weight's rows as contiguous: pass weight.contiguous()")
+    if bias is not None:
+        bias = bias.contiguous()
     k = x.shape[-1]
     flat = x.reshape(-1, k)
     if flat.stride(-1) != 1:
