@@ -309,6 +309,22 @@ def test_the_thirteenth_to_fifteenth_pass_variants_switch_on_and_back():
     assert sys.getswitchinterval() == interval and engine.submit_threads == 1 and engine.batch_submits is True
 
 
+def test_the_lazy_open_priority_variant_switches_both_and_back():
+    """`stage1-lazy-open-priority` sets Stage 1's opens lazy and its first-chunk calls to Stage 0's priority together,
+    and undoing it restores both."""
+    from types import SimpleNamespace
+
+    from tts_engine.tools.bench import VARIANTS, apply_variant
+
+    pipeline = SimpleNamespace(table=SimpleNamespace(lazy_open=False), first_chunk_stream=None)
+    pipeline.first_chunk_priority = lambda on: setattr(pipeline, "first_chunk_stream", "stream" if on else None)
+    engine = SimpleNamespace(pipeline=pipeline, talker_engine=SimpleNamespace(model=SimpleNamespace(code_predictor=None)))
+    previous = apply_variant(engine, VARIANTS["stage1-lazy-open-priority"])
+    assert pipeline.table.lazy_open and pipeline.first_chunk_stream == "stream"
+    apply_variant(engine, previous)
+    assert not pipeline.table.lazy_open and pipeline.first_chunk_stream is None
+
+
 def test_the_small_gemv_variant_captures_the_smallest_bucket_again():
     """`no-small-gemv` switches the predictor's matrix-vector kernel off and captures again the one graph it is in
     (the smallest bucket's sampled one); undoing it switches it on and captures that graph again."""

@@ -530,6 +530,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # a candidate (switched on; the default in the thirteenth pass): a new Stage 1 stream's decoder-state row is set
     # with the other rows opened since at the next call (one copy per buffer for all of them), not when it opens
     "stage1-lazy-open": {"stage1_lazy_open": True},
+    # a candidate (switched on; sixteenth pass, not yet measured): lazy opens, so Stage 1 takes a burst's first chunks
+    # as they come, with the calls that carry them at Stage 0's priority, so they do not crawl beside Stage 0's steps
+    "stage1-lazy-open-priority": {"stage1_lazy_open": True, "first_chunk_priority": True},
     # candidates (switched on): the interpreter hands its lock to a waiting thread after 1 / 0.25 ms instead of
     # Python's 5 ms, so Stage 0 might wait less behind the threads building a burst's prompts and Stage 1 (measured
     # in the fourteenth pass: no gain)
