@@ -317,11 +317,7 @@ def test_stop_silences_at_once_and_frees_the_engine(live_app, capsys):
             results["played before Stop (b)"] = at_stop / SR
             await browser.close()
 
-    try:
-        run(scenario(), 240)
-    finally:
-        with capsys.disabled():
-            print(f"\n[stop] {results}")
+    _run_and_report(scenario(), 240, capsys, "stop", results)
     assert results["during generation"] < AFTER_STOP_LIMIT / SR, results
     assert served, "GET /healthz does not report what the engine holds: cannot tell whether the engine freed the request"
     assert results["after generation"] < AFTER_STOP_LIMIT / SR, results
@@ -360,17 +356,22 @@ def test_stop_silences_the_browser_before_the_server_answers(live_app, capsys):
             results["status"] = await demo.wait_status(r"Stopped", limit_s=10)
             await browser.close()
 
-    try:
-        run(scenario(), 120)
-    finally:
-        with capsys.disabled():
-            print(f"\n[stop, server held] {results}")
+    _run_and_report(scenario(), 120, capsys, "stop, server held", results)
     assert results["after Stop, server not told"] < AFTER_STOP_LIMIT / SR, results
     assert results["state then"] != "closed", results      # the server had not ended the stream meanwhile
 
 
 async def _true(value: bool) -> bool:
     return value
+
+
+def _run_and_report(scenario, limit_s: float, capsys, label: str, results: dict) -> None:
+    """Run a browser scenario, then print what it measured, whether it passed or not (the figures a failure needs)."""
+    try:
+        run(scenario, limit_s)
+    finally:
+        with capsys.disabled():
+            print(f"\n[{label}] {results}")
 
 
 # ---- 3. voice lists follow the library ----------------------------------------------------------------
