@@ -1,17 +1,17 @@
-"""A matrix-vector product for the few rows a code predictor step has at small batches (a candidate, off by default).
+"""A matrix-vector product for the few rows a code predictor step has at one or two streams.
 
 Why: at one stream a frame is latency-bound on the code predictor's ~330 small matrix products (15 steps x 22), each
-reading 4-12 MB of bf16 weights for 2-4 input rows. cuBLAS runs them as GEMM tiles of 8-64 rows (often split over K
-with a second reduce kernel) at about a third of the H200's memory bandwidth (BENCHMARKS.md, "Where a frame's GPU time
-goes"). A product of so few rows is a weight read: every program here reads a strip of `block_n` output rows of the
-weight once, in `block_k` pieces, and multiplies it by every input row in registers (fp32 accumulation, as cuBLAS
-accumulates), so one kernel, no reduce pass, and as many programs as strips to keep every SM reading.
+reading 4-12 MB of bf16 weights for 2-4 input rows. A product of so few rows is a weight read: every program here
+reads a strip of `block_n` output rows of the weight once, in `block_k` pieces, and multiplies it by every input row in
+registers (fp32 sums, as cuBLAS accumulates): one kernel, no split-K reduce pass, as many programs as strips.
 
-`small_linear(x, weight, bias)` is `F.linear` for every input; it takes this kernel only on CUDA for at most
-`MAX_ROWS` rows (more rows reuse each weight read enough for cuBLAS's tiles) and a weight whose rows are contiguous.
-It is a custom op, so `torch.compile` keeps it as one call (like cuBLAS's) inside the compiled predictor step, and a
-CUDA graph captures its launch. The sums run in another order than cuBLAS's, so values differ in their last bits
-(the GPU path has no bit-exact reference: cuBLAS picks its kernel by shape too).
+Measured on the H200 against cuBLAS for every small product of the predictor and the talker (BENCHMARKS.md, sixteenth
+pass), cuBLAS is as fast or faster for all but one weight: 1024 x 2048 (the predictor's o_proj and its input
+projection), which cuBLAS runs at 2-4 rows as split-K tiles plus a reduce, 13 us against this kernel's 6. So
+`small_linear(x, weight, bias)` is `F.linear` except for the weights `TAKEN` names, on CUDA, at few rows. It is a
+custom op, so `torch.compile` keeps it as one call inside the compiled predictor step and a CUDA graph captures its
+launch; `CodePredictor.small_gemv` decides where the op is used at all. The sums run in another order than cuBLAS's,
+so values differ in their last bits (the GPU path has no bit-exact reference: cuBLAS picks its kernel by shape too).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-MAX_ROWS = 8            # at most this many input rows take the kernel
+MAX_ROWS = 8            # at most this many input rows take the kernel (when `TAKEN` is None: every weight)
 
-try:  # pragma: no cover - depends on the install (the GPU image and vLLM's CPU wheel both ship Triton)
+try:  # pragma: no cover - depends on the install (torch's Linux wheels bring Triton, CPU ones included)
     import triton
     import triton.language as tl
 except ImportError:  # pragma: no cover
@@ -98,7 +98,7 @@ def takes_kernel(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 @torch.library.custom_op("tts::small_linear", mutates_args=())
 def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)`; by the kernel above when x has at most `MAX_ROWS` rows on CUDA."""
+    """`F.linear(x, weight, bias)`; by the kernel above on CUDA when x has at most `row_limit` rows for its weight."""
     if takes_kernel(x, weight):
         return gemv(x, weight, bias)
     return F.linear(x, weight, bias)
