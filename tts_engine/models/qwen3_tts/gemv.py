@@ -6,8 +6,9 @@ reads a strip of `block_n` output rows of the weight once, in `block_k` pieces, 
 registers (fp32 sums, as cuBLAS accumulates): one kernel, no split-K reduce pass, as many programs as strips.
 
 Measured on the H200 against cuBLAS for every small product of the predictor and the talker (BENCHMARKS.md, sixteenth
-pass), cuBLAS is as fast or faster for all but one weight: 1024 x 2048 (the predictor's o_proj and its input
-projection), which cuBLAS runs at 2-4 rows as split-K tiles plus a reduce, 13 us against this kernel's 6. So
+pass), cuBLAS is faster for every weight but two: a codebook's head (2048 x 1024: 4.7 vs 4.4 us at 2 rows, too close
+to matter, left to cuBLAS) and 1024 x 2048 (the predictor's o_proj and its input projection), which cuBLAS runs at 2-4
+rows as split-K tiles plus a reduce, 13 us at 2 rows against this kernel's 6. So
 `small_linear(x, weight, bias)` is `F.linear` except for the weights `TAKEN` names, on CUDA, at few rows. It is a
 custom op, so `torch.compile` keeps it as one call inside the compiled predictor step and a CUDA graph captures its
 launch; `CodePredictor.small_gemv` decides where the op is used at all. The sums run in another order than cuBLAS's,
