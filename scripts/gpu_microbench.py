@@ -5,6 +5,8 @@ Runs on random weights in the released shapes (no checkpoint, no vLLM). Prints a
 JSON to --out. On CPU it runs tiny shapes only (a smoke test of the script itself).
 
     python scripts/gpu_microbench.py --out /tmp/micro.json
+    python scripts/gpu_microbench.py --gemv --shapes 1.7b --batches 1,4,16 --predictor-variants compiled,gemv \
+        --skip-decoder --out /tmp/gemv.json     # every small product, cuBLAS vs our matrix-vector kernel, then the graph
 """
 
 from __future__ import annotations
