@@ -328,12 +328,16 @@ def test_the_lazy_open_priority_variant_switches_both_and_back():
 def test_the_small_gemv_variant_captures_the_smallest_bucket_again():
     """`no-small-gemv` switches the predictor's matrix-vector kernel off and captures again the one graph it is in
     (the smallest bucket's sampled one); undoing it switches it on and captures that graph again."""
-    from types import SimpleNamespace
+    from types import MethodType, SimpleNamespace
 
+    from tts_engine.models.qwen3_tts.code_predictor import PredictorGraphs
     from tts_engine.tools.bench import VARIANTS, apply_variant
 
     captured = []
-    graphs = SimpleNamespace(step_fn=object(), buckets=[2, 4, 8], capture=lambda *key: captured.append(key))
+    graphs = SimpleNamespace(step_fn=object(), buckets=[2, 4, 8], small_everywhere=False,
+                             capture=lambda *key: captured.append(key))
+    graphs._small_buckets = MethodType(PredictorGraphs._small_buckets, graphs)
+    graphs.capture_small = MethodType(PredictorGraphs.capture_small, graphs)
     predictor = SimpleNamespace(small_gemv=True, graphs=graphs)
     engine = SimpleNamespace(talker_engine=SimpleNamespace(model=SimpleNamespace(code_predictor=predictor)))
     previous = apply_variant(engine, VARIANTS["no-small-gemv"])

@@ -595,9 +595,8 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
         elif key == "predictor_small_gemv":
             previous[key] = predictor.small_gemv
             predictor.small_gemv = value
-            graphs = predictor.graphs
-            if graphs is not None and graphs.step_fn is not None:      # the one graph it changes, captured again
-                graphs.capture(graphs.buckets[0], True, False)
+            if predictor.graphs is not None:
+                predictor.graphs.capture_small()
         elif key == "host_syncs":
             previous[key] = "decode_embeddings" in vars(engine.talker)
             _host_syncs(engine.talker, value)

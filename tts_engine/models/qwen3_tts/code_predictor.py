@@ -286,7 +286,7 @@ class PredictorGraphs:
         params = self._params(b, any_sample, any_top_p)
         args = (self.hidden[:b], self.c0_embed[:b], params, self.noise[:b])
         fused = self.step_fn is not None and any_sample and not any_top_p
-        small = self.predictor.small_gemv and (b == self.buckets[0] or self.small_everywhere)
+        small = self.predictor.small_gemv and b in self._small_buckets()
         if fused:
             def run():
                 return self.predictor.predict_fused(self.step_fn, *args, self.positions, small)
@@ -316,6 +316,17 @@ class PredictorGraphs:
             self.pool = torch.cuda.graph_pool_handle()   # a failed capture can leave its pool recording
             raise
         return graph, codes, embed
+
+    def _small_buckets(self) -> list[int]:
+        """The buckets whose compiled graph has `small_gemv`'s products (when it is on)."""
+        return self.buckets if self.small_everywhere else self.buckets[:1]
+
+    def capture_small(self) -> None:
+        """Capture again the graphs `small_gemv` changes (after it is switched): the compiled, sampled ones of
+        `_small_buckets`."""
+        if self.step_fn is not None:
+            for b in self._small_buckets():
+                self.capture(b, True, False)
 
     def capture_all(self) -> None:
         """The variants every engine meets: greedy and sampled (top-p off), every bucket, largest
