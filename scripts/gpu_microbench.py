@@ -16,6 +16,7 @@ import json
 import statistics
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -46,7 +47,7 @@ def timed(fn, device, reps: int = 20, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-PREDICTOR_VARIANTS = ("graph", "compiled", "autotuned", "gemv", "gemv-everywhere")
+PREDICTOR_VARIANTS = ("graph", "compiled", "autotuned", "gemv", "gemv-everywhere", "fused-sampler")
 
 
 def predictor_bench(shape: str, device, dtype, batches, results: list, variants=PREDICTOR_VARIANTS) -> None:
@@ -74,16 +75,21 @@ def predictor_bench(shape: str, device, dtype, batches, results: list, variants=
         # small-M shapes, whose cuBLAS kernels were 52% of a frame's GPU time, BENCHMARKS "fourth pass").
         # Tried and dropped after measuring here (BENCHMARKS "fifth pass"): the top-k by `torch.topk`
         # instead of a full sort, and the cache attention as products and sums instead of SDPA.
-        # `gemv`: compiled, with the small products by the Triton matrix-vector kernel (`gemv.py`, a candidate).
+        # `gemv`: compiled, with the small products by the Triton matrix-vector kernel (`gemv.py`), sampling by PyTorch's
+        # sort and Inductor's kernels; `fused-sampler`: the engine's default, `gemv` with the one-kernel sampler
+        # (`top_k_sampler.py`). The others sample as `gemv` does.
+        drawn: dict[str, dict[int, torch.Tensor]] = defaultdict(dict)
         for label, compile, mode in (("graph_ms", False, None), ("compiled_graph_ms", True, None),
                                      ("autotuned_graph_ms", True, "max-autotune-no-cudagraphs"),
-                                     ("gemv_graph_ms", True, None), ("gemv_everywhere_graph_ms", True, None)):
+                                     ("gemv_graph_ms", True, None), ("gemv_everywhere_graph_ms", True, None),
+                                     ("fused_sampler_graph_ms", True, None)):
             if label.removesuffix("_graph_ms").removesuffix("_ms").replace("_", "-") not in variants:
                 continue
             torch._dynamo.reset()
-            # `gemv`: the engine's default (the smallest bucket's o_proj and input projection by the kernel); `compiled`
-            # without it; `gemv-everywhere`: every bucket's graph from the step with those products as the custom op
-            predictor.small_gemv = label.startswith("gemv")
+            # `gemv`: the smallest bucket's o_proj and input projection by the kernel; `compiled` without it;
+            # `gemv-everywhere`: every bucket's graph from the step with those products as the custom op
+            predictor.small_gemv = label.startswith(("gemv", "fused_sampler"))
+            predictor.fused_sampler = label.startswith("fused_sampler")
             t = time.perf_counter()
             predictor.enable_cuda_graphs(max(batches), warmup=False, compile=compile, compile_mode=mode)
             predictor.graphs.small_everywhere = label == "gemv_everywhere_graph_ms"
@@ -97,10 +103,17 @@ def predictor_bench(shape: str, device, dtype, batches, results: list, variants=
                     rows[b][label.replace("_ms", "_setup_s")] = setup
                     codes = predictor.predict(hidden, c0, greedy)[0]
                     rows[b][label.replace("_ms", "_greedy_equal")] = bool(torch.equal(codes, rows[b]["_greedy"]))
+                    torch.manual_seed(1)           # the same noise for every variant: sampled codes to compare
+                    drawn[label][b] = predictor.predict(hidden, c0, sampled)[0]
             if compile:
                 rows[max(batches)][label.replace("_ms", "_compiled")] = predictor.graphs.compiled
             print(json.dumps({"shape": shape, "variant": label, "setup_s": setup,   # progress, in case of a timeout
                               "ms_by_batch": {b: rows[b][label] for b in batches}}), flush=True)
+        if drawn["gemv_graph_ms"] and drawn["fused_sampler_graph_ms"]:
+            # the two differ only in how they sample, so the same noise must draw the same codes
+            for b in batches:
+                same = drawn["gemv_graph_ms"][b] == drawn["fused_sampler_graph_ms"][b]
+                rows[b]["fused_sampler_same_codes"] = round(float(same.float().mean()), 4)
     for b in batches:
         rows[b].pop("_greedy")
         results.append(rows[b])
@@ -121,7 +134,7 @@ def _kernel_split(label: str, fn, reps: int = 10) -> dict:
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
-    summary = summarize([kernels_of(prof)], frames=reps, top=8)   # the reps as one span, per call
+    summary = summarize([kernels_of(prof)], frames=reps, top=12)   # the reps as one span, per call
     if not summary["kernels"]:
         return {}
     base = label.replace("_ms", "")
@@ -247,6 +260,31 @@ def gemv_bench(device, results: list, rows_list=(2, 4, 8), reps: int = 20) -> No
     print(json.dumps({"gemv_configs": {c: list(v) for c, v in kernel.CONFIGS.items()}}), flush=True)
 
 
+def sampler_bench(device, results: list, vocab: int = 2048, reps: int = 50) -> None:
+    """The one-kernel top-k sampler (`top_k_sampler.py`) per launch at 1-64 rows and 1-8 warps a row, against
+    `sample_rows` (PyTorch's sort and kernels, not fused), both inside a CUDA graph; and whether they draw the same."""
+    from tts_engine.models.qwen3_tts import top_k_sampler
+    from tts_engine.models.qwen3_tts.sampling import sample_rows
+
+    for rows in (1, 2, 16, 64):
+        logits = [torch.randn(rows, vocab, device=device, dtype=torch.bfloat16) * 4 for _ in range(8)]
+        noise = torch.empty(rows, vocab, device=device).exponential_()
+        do_sample = torch.ones(rows, dtype=torch.bool, device=device)
+        temperature = torch.full((rows,), 0.9, device=device)
+        top_k = torch.full((rows,), 50, dtype=torch.long, device=device)
+        row = {"what": "sampler", "rows": rows, "vocab": vocab}
+        row["sample_rows_us"] = _graph_us(lambda x: sample_rows(x, do_sample, temperature, top_k, None, noise, True,
+                                                                False), logits, reps)
+        for warps in (1, 2, 4, 8):
+            row[f"kernel_w{warps}_us"] = _graph_us(
+                lambda x: top_k_sampler.launch(x, do_sample, temperature, top_k, noise, warps), logits, reps)
+        row["same_codes"] = all(torch.equal(top_k_sampler.launch(x, do_sample, temperature, top_k, noise),
+                                            sample_rows(x, do_sample, temperature, top_k, None, noise, True, False))
+                                for x in logits)
+        results.append(row)
+        print(json.dumps(row), flush=True)
+
+
 def state_table_bench(decoder: Code2WavDecoder, device, results: list, streams: int = 64, reps: int = 5) -> None:
     """What opening a burst of streams on Stage 1's state table costs, with `open` setting each row at once (eager)
     and with rows set together at the next read (lazy, `DecoderStateTable.settle`): host ms of the opens and the
@@ -300,6 +338,7 @@ def main() -> None:
     ap.add_argument("--skip-decoder", action="store_true")
     ap.add_argument("--state-table", action="store_true", help="only the state table's opens, eager vs lazy (GPU)")
     ap.add_argument("--gemv", action="store_true", help="only the small products: cuBLAS vs the Triton kernel (GPU)")
+    ap.add_argument("--sampler", action="store_true", help="the one-kernel sampler first, per launch (GPU)")
     ap.add_argument("--shapes", default="0.6b,1.7b", help="predictor shapes on the GPU")
     ap.add_argument("--batches", default="1,4,16,64", help="predictor batch sizes on the GPU")
     ap.add_argument("--predictor-variants", default=",".join(PREDICTOR_VARIANTS),
@@ -316,6 +355,8 @@ def main() -> None:
         if args.gemv:
             gemv_bench(device, results)
             Path(args.out).write_text(json.dumps(results, indent=1))
+        if args.sampler:
+            sampler_bench(device, results)
         batches = tuple(int(b) for b in args.batches.split(","))
         for shape in args.shapes.split(","):
             predictor_bench(shape, device, torch.bfloat16, batches, results, args.predictor_variants.split(","))

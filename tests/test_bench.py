@@ -346,6 +346,26 @@ def test_the_small_gemv_variant_captures_the_smallest_bucket_again():
     assert predictor.small_gemv is True and captured == [(2, True, False)] * 2
 
 
+def test_the_fused_sampler_variant_captures_every_compiled_graph_again():
+    """`no-fused-sampler` switches the one-kernel sampler off and captures again every graph it is in (each bucket's
+    sampled one, largest first); undoing it switches it on and captures them again."""
+    from types import MethodType, SimpleNamespace
+
+    from tts_engine.models.qwen3_tts.code_predictor import PredictorGraphs
+    from tts_engine.tools.bench import VARIANTS, apply_variant
+
+    captured = []
+    graphs = SimpleNamespace(step_fn=object(), buckets=[2, 4, 8], capture=lambda *key: captured.append(key))
+    graphs.capture_sampled = MethodType(PredictorGraphs.capture_sampled, graphs)
+    predictor = SimpleNamespace(fused_sampler=True, graphs=graphs)
+    engine = SimpleNamespace(talker_engine=SimpleNamespace(model=SimpleNamespace(code_predictor=predictor)))
+    previous = apply_variant(engine, VARIANTS["no-fused-sampler"])
+    every = [(8, True, False), (4, True, False), (2, True, False)]
+    assert predictor.fused_sampler is False and captured == every
+    apply_variant(engine, previous)
+    assert predictor.fused_sampler is True and captured == every * 2
+
+
 def test_the_worktree_id_names_the_commit_whose_files_ran(tmp_path):
     """Results from a copy of the tree without its history can be traced to the commit with the same tree."""
     import subprocess

@@ -487,6 +487,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "plain-predictor-graphs": {"predictor_compile": False},            # graphs of the uncompiled loop
     # the smallest bucket's predictor graph with cuBLAS for every product, not the Triton kernel for o_proj's
     "no-small-gemv": {"predictor_small_gemv": False},
+    # every compiled predictor graph samples with PyTorch's sort and Inductor's kernels, not the one Triton kernel
+    "no-fused-sampler": {"predictor_fused_sampler": False},
     "host-syncs": {"host_syncs": True},                                # the old blocking uploads per step
     "no-decoder-graphs": {"decoder_graphs": False},
     "decoder-graphs-b1": {"decoder_graph_max_batch": 1},              # graphs for single streams only
@@ -597,6 +599,11 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
             predictor.small_gemv = value
             if predictor.graphs is not None:
                 predictor.graphs.capture_small()
+        elif key == "predictor_fused_sampler":
+            previous[key] = predictor.fused_sampler
+            predictor.fused_sampler = value
+            if predictor.graphs is not None:
+                predictor.graphs.capture_sampled()
         elif key == "host_syncs":
             previous[key] = "decode_embeddings" in vars(engine.talker)
             _host_syncs(engine.talker, value)

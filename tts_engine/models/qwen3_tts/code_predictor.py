@@ -30,6 +30,7 @@ from tts_engine.models.qwen3_tts.gemv import small_linear
 from tts_engine.models.qwen3_tts.graph_capture import capture_on_device
 from tts_engine.models.qwen3_tts.layers import DecoderLayer, RMSNorm, apply_rope, rope_tables
 from tts_engine.models.qwen3_tts.sampling import BatchSampling, draw_noise, sample, sample_rows
+from tts_engine.models.qwen3_tts.top_k_sampler import sample_top_k
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,11 @@ class CodePredictor(nn.Module):
         # buckets keep cuBLAS: there the op boundary cost Inductor's fusions (batch 64: 4.7 -> 5.6 ms). Costs one more
         # compile at start-up. Read when a graph is captured (bench variant `no-small-gemv` recaptures it off).
         self.small_gemv = True
+        # The compiled step samples with one Triton kernel a step (`top_k_sampler.py`: the top-k filter's sort, the
+        # softmax and the draw in registers) instead of PyTorch's radix sort plus Inductor's kernels around it
+        # (21 us of sort a step on the H200). Every compiled graph; read when a graph is captured (bench variant
+        # `no-fused-sampler` recaptures them with it off).
+        self.fused_sampler = True
 
     def _rope_tables(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         if self._rope is None or self._rope[0].device != device or self._rope[0].dtype != dtype:
@@ -129,6 +135,7 @@ class CodePredictor(nn.Module):
         Writes the step's keys/values into the [B, kv, 16, d] caches and attends over all 16 slots
         with a position mask. Returns (code [B], its embedding [B, H_talker], next input [B, 1, Hc]).
         `small`: o_proj and the input projection through `small_linear` (see `small_gemv`); a compile of its own.
+        Samples with `sample_top_k` when `fused_sampler` is on (switching it compiles the step again).
         """
         b, n, _ = x.shape
         d = self.shape.head_dim
@@ -151,7 +158,10 @@ class CodePredictor(nn.Module):
             gate, up = F.linear(layer.post_attention_layernorm(x), mlp.gate_up_weight).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, mlp.down_proj.weight)
         logits = F.linear(self.model.norm(x[:, -1]), lm_weight)
-        code = sample_rows(logits, do_sample, temperature, top_k, top_p, noise, True, False)
+        if self.fused_sampler:
+            code = sample_top_k(logits, do_sample, temperature, top_k, noise)
+        else:
+            code = sample_rows(logits, do_sample, temperature, top_k, top_p, noise, True, False)
         code_embed = F.embedding(code, embed_weight)
         return code, code_embed, self._project(code_embed, linear).unsqueeze(1)
 
@@ -303,6 +313,11 @@ class PredictorGraphs:
                               "capturing it with cuBLAS", b)
                 self.predictor.small_gemv = False
                 return self.capture(b, any_sample, any_top_p)
+            if self.predictor.fused_sampler:
+                log.exception("code predictor: the step with the sampling kernel failed for batch %d; "
+                              "capturing it with PyTorch's sampling", b)
+                self.predictor.fused_sampler = False
+                return self.capture(b, any_sample, any_top_p)
             log.exception("code predictor: compiled step failed for batch %d; using the plain captured loop", b)
             self.step_fn = None
             return self.capture(b, any_sample, any_top_p)
@@ -326,6 +341,12 @@ class PredictorGraphs:
         `_small_buckets`."""
         if self.step_fn is not None:
             for b in self._small_buckets():
+                self.capture(b, True, False)
+
+    def capture_sampled(self) -> None:
+        """Capture again every compiled graph (after `fused_sampler` is switched): the sampled ones, every bucket."""
+        if self.step_fn is not None:
+            for b in reversed(self.buckets):
                 self.capture(b, True, False)
 
     def capture_all(self) -> None:
