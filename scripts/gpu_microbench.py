@@ -47,7 +47,7 @@ def timed(fn, device, reps: int = 20, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-PREDICTOR_VARIANTS = ("graph", "compiled", "autotuned", "gemv", "gemv-everywhere", "fused-sampler", "fused-attention")
+PREDICTOR_VARIANTS = ("graph", "compiled", "autotuned", "gemv", "gemv-everywhere", "fused-sampler")
 
 
 def predictor_bench(shape: str, device, dtype, batches, results: list, variants=PREDICTOR_VARIANTS) -> None:
@@ -76,22 +76,20 @@ def predictor_bench(shape: str, device, dtype, batches, results: list, variants=
         # Tried and dropped after measuring here (BENCHMARKS "fifth pass"): the top-k by `torch.topk`
         # instead of a full sort, and the cache attention as products and sums instead of SDPA.
         # `gemv`: compiled, with the small products by the Triton matrix-vector kernel (`gemv.py`), sampling by PyTorch's
-        # sort and Inductor's kernels; `fused-sampler`: `gemv` with the one-kernel sampler (`top_k_sampler.py`);
-        # `fused-attention`: the engine's default, `fused-sampler` with the one-kernel cache attention
-        # (`cache_attention.py`). The others sample and attend as `gemv` does.
+        # sort and Inductor's kernels; `fused-sampler`: the engine's default, `gemv` with the one-kernel sampler
+        # (`top_k_sampler.py`). The others sample as `gemv` does.
         drawn: dict[str, dict[int, torch.Tensor]] = defaultdict(dict)
         for label, compile, mode in (("graph_ms", False, None), ("compiled_graph_ms", True, None),
                                      ("autotuned_graph_ms", True, "max-autotune-no-cudagraphs"),
                                      ("gemv_graph_ms", True, None), ("gemv_everywhere_graph_ms", True, None),
-                                     ("fused_sampler_graph_ms", True, None), ("fused_attention_graph_ms", True, None)):
+                                     ("fused_sampler_graph_ms", True, None)):
             if label.removesuffix("_graph_ms").removesuffix("_ms").replace("_", "-") not in variants:
                 continue
             torch._dynamo.reset()
             # `gemv`: the smallest bucket's o_proj and input projection by the kernel; `compiled` without it;
             # `gemv-everywhere`: every bucket's graph from the step with those products as the custom op
-            predictor.small_gemv = label.startswith(("gemv", "fused"))
-            predictor.fused_sampler = label.startswith("fused")
-            predictor.fused_attention = label.startswith("fused_attention")
+            predictor.small_gemv = label.startswith(("gemv", "fused_sampler"))
+            predictor.fused_sampler = label.startswith("fused_sampler")
             t = time.perf_counter()
             predictor.enable_cuda_graphs(max(batches), warmup=False, compile=compile, compile_mode=mode)
             predictor.graphs.small_everywhere = label == "gemv_everywhere_graph_ms"
@@ -111,13 +109,11 @@ def predictor_bench(shape: str, device, dtype, batches, results: list, variants=
                 rows[max(batches)][label.replace("_ms", "_compiled")] = predictor.graphs.compiled
             print(json.dumps({"shape": shape, "variant": label, "setup_s": setup,   # progress, in case of a timeout
                               "ms_by_batch": {b: rows[b][label] for b in batches}}), flush=True)
-        # `fused-sampler` differs from `gemv` only in how it samples, so the same noise must draw the same codes;
-        # `fused-attention`'s sums round otherwise than cuDNN's, so a share of its codes may differ
-        for before, after in (("gemv", "fused_sampler"), ("fused_sampler", "fused_attention")):
-            if drawn[f"{before}_graph_ms"] and drawn[f"{after}_graph_ms"]:
-                for b in batches:
-                    same = drawn[f"{before}_graph_ms"][b] == drawn[f"{after}_graph_ms"][b]
-                    rows[b][f"{after}_same_codes"] = round(float(same.float().mean()), 4)
+        if drawn["gemv_graph_ms"] and drawn["fused_sampler_graph_ms"]:
+            # the two differ only in how they sample, so the same noise must draw the same codes
+            for b in batches:
+                same = drawn["gemv_graph_ms"][b] == drawn["fused_sampler_graph_ms"][b]
+                rows[b]["fused_sampler_same_codes"] = round(float(same.float().mean()), 4)
     for b in batches:
         rows[b].pop("_greedy")
         results.append(rows[b])

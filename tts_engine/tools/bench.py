@@ -489,8 +489,6 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "no-small-gemv": {"predictor_small_gemv": False},
     # every compiled predictor graph samples with PyTorch's sort and Inductor's kernels, not the one Triton kernel
     "no-fused-sampler": {"predictor_fused_sampler": False},
-    # every compiled predictor graph attends by SDPA with a position mask, not the one Triton kernel a layer
-    "no-fused-attention": {"predictor_fused_attention": False},
     "host-syncs": {"host_syncs": True},                                # the old blocking uploads per step
     "no-decoder-graphs": {"decoder_graphs": False},
     "decoder-graphs-b1": {"decoder_graph_max_batch": 1},              # graphs for single streams only
@@ -601,10 +599,9 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
             predictor.small_gemv = value
             if predictor.graphs is not None:
                 predictor.graphs.capture_small()
-        elif key in ("predictor_fused_sampler", "predictor_fused_attention"):
-            name = key.removeprefix("predictor_")
-            previous[key] = getattr(predictor, name)
-            setattr(predictor, name, value)
+        elif key == "predictor_fused_sampler":
+            previous[key] = predictor.fused_sampler
+            predictor.fused_sampler = value
             if predictor.graphs is not None:
                 predictor.graphs.capture_sampled()
         elif key == "host_syncs":

@@ -25,8 +25,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tts_engine.models.qwen3_tts.cache_attention import cache_attention
-from tts_engine.models.qwen3_tts.cache_attention import reference as cache_attention_reference
 from tts_engine.models.qwen3_tts.config import TalkerConfig
 from tts_engine.models.qwen3_tts.gemv import small_linear
 from tts_engine.models.qwen3_tts.graph_capture import capture_on_device
@@ -78,10 +76,6 @@ class CodePredictor(nn.Module):
         # (21 us of sort a step on the H200). Every compiled graph; read when a graph is captured (bench variant
         # `no-fused-sampler` recaptures them with it off).
         self.fused_sampler = True
-        # ... and attends over its 16-slot cache with one Triton kernel a layer (`cache_attention.py`) instead of SDPA
-        # with a position mask (three kernels a layer on the H200: the mask, a layout copy, cuDNN). Every compiled
-        # graph; bench variant `no-fused-attention` recaptures them with it off.
-        self.fused_attention = True
 
     def _rope_tables(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         if self._rope is None or self._rope[0].device != device or self._rope[0].dtype != dtype:
@@ -141,14 +135,14 @@ class CodePredictor(nn.Module):
         Writes the step's keys/values into the [B, kv, 16, d] caches and attends over all 16 slots
         with a position mask. Returns (code [B], its embedding [B, H_talker], next input [B, 1, Hc]).
         `small`: o_proj and the input projection through `small_linear` (see `small_gemv`); a compile of its own.
-        Samples with `sample_top_k` when `fused_sampler` is on, attends with `cache_attention` when `fused_attention`
-        is (switching either compiles the step again).
+        Samples with `sample_top_k` when `fused_sampler` is on (switching it compiles the step again).
         """
         b, n, _ = x.shape
         d = self.shape.head_dim
         linear = small_linear if small else F.linear
         cos_n, sin_n = cos[positions], sin[positions]                 # [n, d]
-        attend = cache_attention if self.fused_attention else cache_attention_reference
+        slots = torch.arange(key_cache[0].shape[2], device=x.device)
+        mask = slots[None, :] <= positions[:, None]                   # [n, 16]
         for layer, keys, values in zip(self.model.layers, key_cache, value_cache):
             attn, mlp = layer.self_attn, layer.mlp
             qkv = F.linear(layer.input_layernorm(x), attn.qkv_weight)
@@ -158,7 +152,9 @@ class CodePredictor(nn.Module):
             k = apply_rope(attn.k_norm(k.reshape(b, n, -1, d)).transpose(1, 2), cos_n, sin_n)
             keys.index_copy_(2, positions, k)
             values.index_copy_(2, positions, v.reshape(b, n, -1, d).transpose(1, 2))
-            x = x + linear(attend(q, keys, values, positions), attn.o_proj.weight)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask,
+                                                 enable_gqa=self.shape.num_heads != self.shape.num_kv_heads)
+            x = x + linear(out.transpose(1, 2).reshape(b, n, -1), attn.o_proj.weight)
             gate, up = F.linear(layer.post_attention_layernorm(x), mlp.gate_up_weight).chunk(2, dim=-1)
             x = x + F.linear(F.silu(gate) * up, mlp.down_proj.weight)
         logits = F.linear(self.model.norm(x[:, -1]), lm_weight)
@@ -317,10 +313,10 @@ class PredictorGraphs:
                               "capturing it with cuBLAS", b)
                 self.predictor.small_gemv = False
                 return self.capture(b, any_sample, any_top_p)
-            if self.predictor.fused_sampler or self.predictor.fused_attention:
-                log.exception("code predictor: the step with the sampling and attention kernels failed for batch %d; "
-                              "capturing it with PyTorch's sampling and SDPA", b)
-                self.predictor.fused_sampler = self.predictor.fused_attention = False
+            if self.predictor.fused_sampler:
+                log.exception("code predictor: the step with the sampling kernel failed for batch %d; "
+                              "capturing it with PyTorch's sampling", b)
+                self.predictor.fused_sampler = False
                 return self.capture(b, any_sample, any_top_p)
             log.exception("code predictor: compiled step failed for batch %d; using the plain captured loop", b)
             self.step_fn = None
@@ -348,8 +344,7 @@ class PredictorGraphs:
                 self.capture(b, True, False)
 
     def capture_sampled(self) -> None:
-        """Capture again every compiled graph (after `fused_sampler` or `fused_attention` is switched): the sampled
-        ones, every bucket."""
+        """Capture again every compiled graph (after `fused_sampler` is switched): the sampled ones, every bucket."""
         if self.step_fn is not None:
             for b in reversed(self.buckets):
                 self.capture(b, True, False)
