@@ -366,6 +366,29 @@ def test_the_fused_sampler_variant_captures_every_compiled_graph_again():
     assert predictor.fused_sampler is True and captured == every * 2
 
 
+def test_a_variant_freezes_what_it_built_when_start_up_had_frozen(monkeypatch):
+    """Switching a variant on or off refreezes the collector's heap when start-up froze it (what a recompile built
+    must not be walked by a full collection during the next level), and leaves an unfrozen heap alone."""
+    from types import SimpleNamespace
+
+    from tts_engine.tools import bench
+
+    frozen, calls = [1], []
+    monkeypatch.setattr(bench.gc, "get_freeze_count", lambda: frozen[0])
+    monkeypatch.setattr(bench.gc, "collect", lambda: calls.append("collect"))
+    monkeypatch.setattr(bench.gc, "freeze", lambda: calls.append("freeze"))
+    pipeline = SimpleNamespace(order="due")
+    engine = SimpleNamespace(pipeline=pipeline, talker_engine=SimpleNamespace(model=SimpleNamespace(code_predictor=None)))
+    previous = bench.apply_variant(engine, {"stage1_order": "smallest"})
+    assert pipeline.order == "smallest" and calls == ["collect", "freeze"]
+    bench.apply_variant(engine, previous)
+    assert pipeline.order == "due" and calls == ["collect", "freeze"] * 2
+    bench.apply_variant(engine, {})                      # the default variant switches nothing
+    frozen[0] = 0
+    bench.apply_variant(engine, {"stage1_order": "smallest"})
+    assert calls == ["collect", "freeze"] * 2
+
+
 def test_the_worktree_id_names_the_commit_whose_files_ran(tmp_path):
     """Results from a copy of the tree without its history can be traced to the commit with the same tree."""
     import subprocess

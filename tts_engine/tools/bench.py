@@ -691,6 +691,12 @@ def apply_variant(engine, settings: dict[str, Any]) -> dict[str, Any]:
             engine.connector.schedule = dataclasses.replace(schedule, **{name: value})
         else:
             raise ValueError(f"unknown variant setting {key!r}")
+    if settings and "gc_frozen" not in settings and gc.get_freeze_count():
+        # A switch that builds (a recompile, recaptured graphs) leaves what it built in the collector's view, where
+        # start-up's freeze had left nothing: a full collection in the next level then walked it all (267-426 ms
+        # pauses, BENCHMARKS.md seventeenth pass). Freeze it as start-up does, so levels compare.
+        gc.collect()
+        gc.freeze()
     return previous
 
 
