@@ -74,7 +74,8 @@ def predictor_bench(shape: str, device, dtype, batches, results: list, variants=
         # Inductor's default vs autotuned kernels (Triton GEMM templates tried against cuBLAS for these
         # small-M shapes, whose cuBLAS kernels were 52% of a frame's GPU time, BENCHMARKS "fourth pass").
         # Tried and dropped after measuring here (BENCHMARKS "fifth pass"): the top-k by `torch.topk`
-        # instead of a full sort, and the cache attention as products and sums instead of SDPA.
+        # instead of a full sort, and the cache attention as products and sums instead of SDPA; (seventeenth pass)
+        # the cache attention as one Triton kernel a layer (45b58a3, reverted: slower than cuDNN's at every batch).
         # `gemv`: compiled, with the small products by the Triton matrix-vector kernel (`gemv.py`), sampling by PyTorch's
         # sort and Inductor's kernels; `fused-sampler`: the engine's default, `gemv` with the one-kernel sampler
         # (`top_k_sampler.py`). The others sample as `gemv` does.

@@ -11,7 +11,8 @@ smallest bucket that fits, padding the batch. Sampling noise is drawn before the
 request from its own generator), so a graph holds no host-side work. For the default variant
 (sampling, no top-p) the graph is made of `torch.compile`d steps (`_fused_step`: fused q/k/v and
 gate/up projections, attention over the whole 16-slot cache with a position mask, so every step has
-the same shapes): Inductor fuses the norms, RoPE, residuals and sampling, ~3x fewer kernels a step.
+the same shapes): Inductor fuses the norms, RoPE and residuals, ~3x fewer kernels a step, and the sampling is one
+kernel of ours (`top_k_sampler.py`).
 `TTS_PREDICTOR_COMPILE=0` keeps the plain captured loop.
 """
 
@@ -71,10 +72,11 @@ class CodePredictor(nn.Module):
         # buckets keep cuBLAS: there the op boundary cost Inductor's fusions (batch 64: 4.7 -> 5.6 ms). Costs one more
         # compile at start-up. Read when a graph is captured (bench variant `no-small-gemv` recaptures it off).
         self.small_gemv = True
-        # The compiled step samples with one Triton kernel a step (`top_k_sampler.py`: the top-k filter's sort, the
-        # softmax and the draw in registers) instead of PyTorch's radix sort plus Inductor's kernels around it
-        # (21 us of sort a step on the H200). Every compiled graph; read when a graph is captured (bench variant
-        # `no-fused-sampler` recaptures them with it off).
+        # The compiled step samples with one Triton kernel a step (`top_k_sampler.py`: the top-k filter by a radix
+        # select, the softmax and the draw in registers) instead of PyTorch's radix sort of the row (21 us a step on
+        # the H200) plus Inductor's kernels around it: predictor graph at one stream 3.89-4.06 -> 3.65-3.71 ms, one
+        # stream's frame p50 6.4 -> 6.0 ms (BENCHMARKS.md seventeenth pass). Every compiled graph; read when a graph
+        # is captured (bench variant `no-fused-sampler` recaptures them with it off).
         self.fused_sampler = True
 
     def _rope_tables(self, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -5,8 +5,10 @@ own k. Inside the compiled predictor step that sort is not fused: it runs as PyT
 H200's time per step at one stream (15 launches a frame, a tenth of the predictor's kernel time: the sixteenth
 pass's kernel table in BENCHMARKS.md), plus the kernels around it (temperature, mask, softmax, the draw).
 A codebook has 2048 entries, which fit in one program's registers, so here one program per row loads the row once,
-sorts it in registers, and does the rest of the filter chain and the exponential-race draw there: one launch
-for the whole sampling of a step.
+finds its k-th largest logit by a radix select on the logits' bits (16 passes of a compare and a count for bf16:
+a bitonic sort of the row in registers took 29 us, longer than the sort it replaced), and does the rest of the
+filter chain and the exponential-race draw there: one launch of ~6 us for the whole sampling of a step (H200,
+BENCHMARKS.md seventeenth pass; `sample_rows` unfused: 59-77 us).
 
 The filters and the draw are `sample_rows`'s (temperature -> top-k -> softmax -> argmax(p / E)) with its
 `any_sample=True, any_top_p=False` (the compiled step's variant). `sample_top_k` is a custom op, so
