@@ -5,7 +5,8 @@ The kernel runs in a subprocess with TRITON_INTERPRET=1 (Triton reads it when a 
 ties at the k-th value (integer logits), all-negative rows, k of 0 (off), 1, and above the vocabulary, greedy rows.
 Drawing the same code from random noise could hide a wrong threshold, so every row without a tie there is also
 drawn with noise that favours the k-th and, more, the (k+1)-th largest logits: the k-th must be drawn. In this
-process: the op's CPU path and the predictor step that uses it under torch.compile.
+process: the op's CPU path, the predictor step that uses it under torch.compile, and the capture's fallbacks when
+a kernel fails.
 """
 
 from __future__ import annotations
@@ -101,3 +102,40 @@ def test_the_compiled_step_with_the_sampler_computes_what_the_plain_step_does():
         step = torch.compile(predictor._fused_step, fullgraph=True, backend="aot_eager")
         fused = predictor.predict_fused(step, *args, positions)
     assert torch.equal(fused[0], plain[0]) and torch.equal(fused[1], plain[1])
+
+
+def test_a_graph_whose_kernels_fail_is_captured_without_them(monkeypatch):
+    """If the compiled step fails to capture with our Triton kernels (a GPU where Triton cannot build them), the
+    predictor's graph is captured again without the matrix-vector kernel, then without the sampling kernel, and only
+    then from the plain loop: each fallback costs only what failed."""
+    from types import SimpleNamespace
+
+    from tts_engine.models.qwen3_tts.code_predictor import PredictorGraphs
+
+    def graphs_failing_while(failing):
+        attempts = []
+        predictor = SimpleNamespace(small_gemv=True, fused_sampler=True)
+        graphs = object.__new__(PredictorGraphs)
+        graphs.predictor, graphs.step_fn, graphs.compiled, graphs._graphs = predictor, object(), False, {}
+        graphs.buckets, graphs.small_everywhere, graphs.positions = [2, 4], False, []
+        graphs.hidden = graphs.c0_embed = graphs.noise = torch.zeros(4, 1)
+        graphs.do_sample = graphs.temperature = graphs.top_k = graphs.top_p = torch.zeros(4)
+
+        def capture(run):
+            attempt = (predictor.small_gemv, predictor.fused_sampler, graphs.step_fn is not None)
+            attempts.append(attempt)
+            if failing(*attempt):
+                raise RuntimeError("triton: out of resources")
+            return "graph", "codes", "embed"
+        monkeypatch.setattr(graphs, "_capture", capture)
+        return graphs, attempts
+
+    graphs, attempts = graphs_failing_while(lambda small, sampler, compiled: small or sampler)
+    graphs.capture(2, True, False)
+    assert attempts == [(True, True, True), (False, True, True), (False, False, True)]
+    assert graphs.compiled and graphs.step_fn is not None and (2, True, False) in graphs._graphs
+
+    graphs, attempts = graphs_failing_while(lambda small, sampler, compiled: compiled)
+    graphs.capture(4, True, False)          # a bucket without the matrix-vector kernel: it is not switched off
+    assert attempts == [(True, True, True), (True, False, True), (True, False, False)]
+    assert not graphs.compiled and graphs.step_fn is None and (4, True, False) in graphs._graphs
