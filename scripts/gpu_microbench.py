@@ -50,7 +50,8 @@ def timed(fn, device, reps: int = 20, warmup: int = 3) -> float:
 PREDICTOR_VARIANTS = ("graph", "compiled", "autotuned", "gemv", "gemv-everywhere", "fused-sampler")
 
 
-def predictor_bench(shape: str, device, dtype, batches, results: list, variants=PREDICTOR_VARIANTS) -> None:
+def predictor_bench(shape: str, device, dtype, batches, results: list, variants=PREDICTOR_VARIANTS,
+                    kernel_top: int = 12) -> None:
     cfg = full_config("custom_voice", shape) if shape != "tiny" else demo_config("custom_voice", "0b6")
     talker = _read_talker(_Reader(cfg["talker_config"], Path("talker_config")))
     torch.manual_seed(0)
@@ -100,7 +101,7 @@ def predictor_bench(shape: str, device, dtype, batches, results: list, variants=
             with torch.inference_mode():
                 for b, (hidden, c0, sampled, greedy) in inputs.items():
                     rows[b][label] = round(timed(lambda: predictor.predict(hidden, c0, sampled), device), 3)
-                    rows[b].update(_kernel_split(label, lambda: predictor.predict(hidden, c0, sampled)))
+                    rows[b].update(_kernel_split(label, lambda: predictor.predict(hidden, c0, sampled), top=kernel_top))
                     rows[b][label.replace("_ms", "_setup_s")] = setup
                     codes = predictor.predict(hidden, c0, greedy)[0]
                     rows[b][label.replace("_ms", "_greedy_equal")] = bool(torch.equal(codes, rows[b]["_greedy"]))
@@ -121,7 +122,7 @@ def predictor_bench(shape: str, device, dtype, batches, results: list, variants=
         print(json.dumps(rows[b]), flush=True)
 
 
-def _kernel_split(label: str, fn, reps: int = 10) -> dict:
+def _kernel_split(label: str, fn, reps: int = 10, top: int = 12) -> dict:
     """Kernels a call, their summed time and the GPU's busy time over the call's kernel window: the
     window minus busy is the time between kernels (graph hand-overs, launches), which no kernel fusion
     inside a kernel shortens."""
@@ -135,7 +136,7 @@ def _kernel_split(label: str, fn, reps: int = 10) -> dict:
         for _ in range(reps):
             fn()
         torch.cuda.synchronize()
-    summary = summarize([kernels_of(prof)], frames=reps, top=12)   # the reps as one span, per call
+    summary = summarize([kernels_of(prof)], frames=reps, top=top)   # the reps as one span, per call
     if not summary["kernels"]:
         return {}
     base = label.replace("_ms", "")
@@ -340,6 +341,8 @@ def main() -> None:
     ap.add_argument("--state-table", action="store_true", help="only the state table's opens, eager vs lazy (GPU)")
     ap.add_argument("--gemv", action="store_true", help="only the small products: cuBLAS vs the Triton kernel (GPU)")
     ap.add_argument("--sampler", action="store_true", help="the one-kernel sampler first, per launch (GPU)")
+    ap.add_argument("--kernel-top", type=int, default=12,
+                    help="how many kinds of a predictor graph's kernels (by time) a row lists (100: all, to plan fusions)")
     ap.add_argument("--shapes", default="0.6b,1.7b", help="predictor shapes on the GPU")
     ap.add_argument("--batches", default="1,4,16,64", help="predictor batch sizes on the GPU")
     ap.add_argument("--predictor-variants", default=",".join(PREDICTOR_VARIANTS),
@@ -360,7 +363,8 @@ def main() -> None:
             sampler_bench(device, results)
         batches = tuple(int(b) for b in args.batches.split(","))
         for shape in args.shapes.split(","):
-            predictor_bench(shape, device, torch.bfloat16, batches, results, args.predictor_variants.split(","))
+            predictor_bench(shape, device, torch.bfloat16, batches, results, args.predictor_variants.split(","),
+                            args.kernel_top)
         if not args.skip_decoder:
             cases = [(1, 1), (1, 4), (1, 25), (16, 1), (16, 25), (64, 25)]
             decoder_bench("full", device, cases, results, True)
