@@ -107,7 +107,8 @@ def test_the_compiled_step_with_the_sampler_computes_what_the_plain_step_does():
 def test_a_graph_whose_kernels_fail_is_captured_without_them(monkeypatch):
     """If the compiled step fails to capture with our Triton kernels (a GPU where Triton cannot build them), the
     predictor's graph is captured again without the matrix-vector kernel, then without the sampling kernel, and only
-    then from the plain loop: each fallback costs only what failed."""
+    then from the plain loop. A failure that is not a kernel's (the second case) also switches the sampler off on the
+    way: the capture cannot tell which part failed."""
     from types import SimpleNamespace
 
     from tts_engine.models.qwen3_tts.code_predictor import PredictorGraphs
